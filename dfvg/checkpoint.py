@@ -1,0 +1,203 @@
+"""Reading Hugging Face checkpoint directories into DFVG's `Transformer`.
+
+What this module owns: turning `config.json` into a `ModelConfig`, finding the safetensors file(s), checking
+every tensor's name and shape against the config, and fusing HF's separate q/k/v and gate/up matrices into
+the model's fused ones. Anything it cannot load exactly it refuses with a `UserError` that says why: another
+`model_type`, a pickle (`.bin`) checkpoint, an unsupported RoPE scaling, a tensor of the wrong shape.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from dfvg.errors import UserError
+from dfvg.model import SUPPORTED_MODEL_TYPES, ModelConfig, Transformer
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def read_json(path: Path, what: str) -> dict:
+    """Parse a JSON file, turning a missing or broken file into one clear line."""
+    if not path.is_file():
+        raise UserError(f"{what} not found: {path}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+
+
+def checkpoint_dir(path: str | Path) -> Path:
+    directory = Path(path)
+    if not directory.is_dir():
+        raise UserError(f"checkpoint directory not found: {directory} (pass a folder holding config.json)")
+    return directory
+
+
+def _rope_settings(raw: dict) -> tuple[float, dict | None]:
+    """rope_theta and scaling from either the classic keys or transformers-5 `rope_parameters`."""
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    theta = float(raw.get("rope_theta", params.get("rope_theta", 10000.0)))
+    if scaling:
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise UserError(
+                f"rope scaling type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+            )
+        if rope_type == "default":
+            scaling = None
+    return theta, scaling
+
+
+def config_from_dict(raw: dict) -> ModelConfig:
+    """Map an HF config dict to ModelConfig, refusing architectures DFVG does not implement."""
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UserError(
+            f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if raw.get("mlp_bias"):
+        raise UserError("mlp_bias=true is not supported (DFVG's SwiGLU MLP has no bias)")
+    theta, scaling = _rope_settings(raw)
+    heads = raw["num_attention_heads"]
+    # Qwen2 always biases q/k/v (not o); Llama and Qwen3 bias all four projections when attention_bias.
+    all_bias = model_type != "qwen2" and bool(raw.get("attention_bias", False))
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_layers=raw["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=model_type == "qwen2" or all_bias,
+        output_bias=all_bias,
+        qk_norm=model_type == "qwen3",
+        max_position_embeddings=raw.get("max_position_embeddings", 32768),
+    )
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """ModelConfig of a checkpoint directory."""
+    raw = read_json(checkpoint_dir(path) / "config.json", "config.json")
+    try:
+        return config_from_dict(raw)
+    except KeyError as err:
+        raise UserError(f"{Path(path) / 'config.json'} lacks the key {err.args[0]!r}") from None
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    """The weight files of a checkpoint: one model.safetensors, or the shards an index names."""
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        weight_map = read_json(index, "safetensors index").get("weight_map", {})
+        shards = [directory / name for name in sorted(set(weight_map.values()))]
+        missing = [shard.name for shard in shards if not shard.is_file()]
+        if missing:
+            raise UserError(f"{index} names shards that are missing: {', '.join(missing)}")
+        return shards
+    if list(directory.glob("*.bin")) or list(directory.glob("*.pt")):
+        raise UserError(
+            f"{directory} holds only a pickle (.bin) checkpoint; DFVG loads safetensors only "
+            "(re-save it with transformers: model.save_pretrained(dir, safe_serialization=True))"
+        )
+    raise UserError(f"no model.safetensors or model.safetensors.index.json in {directory}")
+
+
+def read_tensors(directory: Path, dtype: torch.dtype) -> dict[str, Tensor]:
+    """All tensors of the checkpoint, cast to dtype one at a time (keeps peak memory low)."""
+    tensors: dict[str, Tensor] = {}
+    for file in safetensors_files(directory):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                tensors[name] = handle.get_tensor(name).to(dtype)
+    return tensors
+
+
+def _take(tensors: dict[str, Tensor], name: str, shape: tuple[int, ...]) -> Tensor:
+    if name not in tensors:
+        raise UserError(f"checkpoint lacks tensor {name!r}")
+    tensor = tensors.pop(name)
+    if tuple(tensor.shape) != shape:
+        raise UserError(f"tensor {name!r} has shape {tuple(tensor.shape)}, config.json implies {shape}")
+    return tensor
+
+
+def _layer_state(tensors: dict[str, Tensor], cfg: ModelConfig, i: int) -> dict[str, Tensor]:
+    """Our fused tensors for layer i, from HF's per-projection names."""
+    hf, ours = f"model.layers.{i}.", f"layers.{i}."
+    d, hd, ffn = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q_rows, kv_rows = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    proj = [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)]
+    state = {
+        ours + "attention_norm.weight": _take(tensors, hf + "input_layernorm.weight", (d,)),
+        ours + "ffn_norm.weight": _take(tensors, hf + "post_attention_layernorm.weight", (d,)),
+        ours + "attention.wqkv.weight": torch.cat(
+            [_take(tensors, f"{hf}self_attn.{p}.weight", (rows, d)) for p, rows in proj]
+        ),
+        ours + "attention.wo.weight": _take(tensors, hf + "self_attn.o_proj.weight", (d, q_rows)),
+        ours + "feed_forward.w13.weight": torch.cat(
+            [_take(tensors, f"{hf}mlp.{p}.weight", (ffn, d)) for p in ("gate_proj", "up_proj")]
+        ),
+        ours + "feed_forward.w2.weight": _take(tensors, hf + "mlp.down_proj.weight", (d, ffn)),
+    }
+    if cfg.attention_bias:
+        state[ours + "attention.wqkv.bias"] = torch.cat(
+            [_take(tensors, f"{hf}self_attn.{p}.bias", (rows,)) for p, rows in proj]
+        )
+    if cfg.output_bias:
+        state[ours + "attention.wo.bias"] = _take(tensors, hf + "self_attn.o_proj.bias", (d,))
+    if cfg.qk_norm:
+        state[ours + "attention.q_norm.weight"] = _take(tensors, hf + "self_attn.q_norm.weight", (hd,))
+        state[ours + "attention.k_norm.weight"] = _take(tensors, hf + "self_attn.k_norm.weight", (hd,))
+    return state
+
+
+def convert_state_dict(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """HF tensor names -> Transformer's state dict, checking every shape. Consumes `tensors`."""
+    embed = _take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+    state = {"tok_embeddings.weight": embed, "norm.weight": _take(tensors, "model.norm.weight", (cfg.hidden_size,))}
+    for i in range(cfg.num_layers):
+        state.update(_layer_state(tensors, cfg, i))
+    if cfg.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+        state["output.weight"] = embed
+    else:
+        state["output.weight"] = _take(tensors, "lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
+    leftovers = sorted(name for name in tensors if "rotary_emb" not in name)
+    if leftovers:
+        raise UserError(f"checkpoint has tensors this architecture does not use: {', '.join(leftovers[:5])}")
+    return state
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise UserError(f"dtype {name!r} is not supported (choose one of: {', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:
+    """A ready-to-run Transformer from a checkpoint directory, in eval mode on `device`."""
+    directory = checkpoint_dir(path)
+    cfg = load_config(directory)
+    state = convert_state_dict(read_tensors(directory, dtype), cfg)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.load_state_dict(state, strict=True, assign=True)
+    if cfg.tie_word_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    return model.to(device).eval().requires_grad_(False)

@@ -1,0 +1,120 @@
+"""The `dfvg` command line (also `python -m dfvg`).
+
+`dfvg generate` loads a target and (optionally) a draft checkpoint and prints the generated text, or one
+JSON object with `--json`. `dfvg run --config FILE` runs an experiment config (the host runtime). A user
+mistake (`UserError`) is printed as one line on stderr with exit status 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from dfvg.errors import UserError
+
+DRAFT_DEVICE_HELP = "where the draft runs: cpu, cuda, cuda:N or fpga (bit-exact integer emulation)"
+
+
+def parse_prompt_ids(text: str, vocab_size: int) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UserError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if not ids or bad:
+        raise UserError(f"--prompt-ids needs token ids in [0, {vocab_size}); bad: {bad or 'none given'}")
+    return ids
+
+
+def add_generate_parser(commands) -> None:
+    gen = commands.add_parser("generate", help="generate text with (speculative) decoding")
+    gen.add_argument("--target", required=True, help="target checkpoint directory (HF format)")
+    gen.add_argument("--draft", help="draft checkpoint directory (HF format)")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="prompt text")
+    prompt.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--draft-length", type=int, default=4, help="k: draft tokens per verify step")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
+    gen.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on cpu, bfloat16 on cuda")
+    gen.add_argument("--device", default="cpu", help="where the target verifies: cpu, cuda or cuda:N")
+    gen.add_argument("--draft-device", help=DRAFT_DEVICE_HELP + " (default: --device)")
+    gen.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding of the target")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dfvg", description="Draft-on-FPGA, Verify-on-GPU speculative decoding")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_generate_parser(commands)
+    run = commands.add_parser("run", help="run an experiment config (same as scripts/run_experiments.py)")
+    run.add_argument("--config", required=True, help="experiment YAML, e.g. configs/default.yaml")
+    run.add_argument("--output", help="results directory (default: from the config)")
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> dict:
+    """Load the models, generate, and return the --json payload."""
+    from dfvg.checkpoint import load_model, resolve_dtype
+    from dfvg.devices import resolve_device
+    from dfvg.drafter import make_drafter
+    from dfvg.generate import generate
+    from dfvg.sampling import SamplingParams
+    from dfvg.tokenizer import check_compatible, decode, encode, eos_token_ids, load_tokenizer
+    from dfvg.verifier import TorchVerifier
+
+    if not args.no_draft and not args.draft:
+        raise UserError("--draft DIR is required (or pass --no-draft for plain decoding)")
+    if args.draft_length < 1 and not args.no_draft:
+        raise UserError(f"--draft-length must be >= 1, got {args.draft_length}")
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    tokenizer = load_tokenizer(args.target)
+    target = TorchVerifier(load_model(args.target, dtype=dtype, device=device))
+    drafter = None
+    if not args.no_draft:
+        check_compatible(tokenizer, load_tokenizer(args.draft), args.draft)
+        draft_device = args.draft_device or args.device
+        drafter = make_drafter(args.draft, draft_device, dtype, target.vocab_size)
+    if args.prompt is not None:
+        prompt_ids = encode(tokenizer, args.prompt)
+    else:
+        prompt_ids = parse_prompt_ids(args.prompt_ids, target.vocab_size)
+    result = generate(
+        target, prompt_ids, args.max_new_tokens, eos_ids=eos_token_ids(args.target), sampling=sampling,
+        seed=args.seed, drafter=drafter, draft_length=args.draft_length,
+    )
+    return {"tokens": result.tokens, "text": decode(tokenizer, result.tokens), "prompt_tokens": prompt_ids,
+            "stats": result.stats()}
+
+
+def run_config(args: argparse.Namespace) -> None:
+    from dfvg.host.experiments import run_experiments
+
+    run_experiments(args.config, output=args.output)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with torch.inference_mode():
+            if args.command == "generate":
+                payload = run_generate(args)
+                print(json.dumps(payload) if args.json else payload["text"])
+            else:
+                run_config(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

