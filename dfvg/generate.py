@@ -129,7 +129,7 @@ def generate(
     k = draft_length if drafter is not None else 0
     check_lengths(prompt_ids, max_new_tokens, k, verifier.model.config.max_position_embeddings)
     rng = torch.Generator().manual_seed(seed)
-    max_seq_len = len(prompt_ids) + max_new_tokens + k + 1
+    max_seq_len = len(prompt_ids) + max_new_tokens + k + 1  # the last verify may feed k tokens past the end
     start = time.perf_counter()
     verifier.prefill(prompt_ids, max_seq_len)
     if drafter is not None:

@@ -241,13 +241,14 @@ def rmsnorm(x: torch.Tensor, gamma_q: torch.Tensor, multiplier: int, shift: int,
     """Fixed-point RMSNorm: int x [..., D] (|x| < 2**15, D < 2**16) -> int8 [..., D].
 
     v = sum x^2 + eps_term; (r, k) = rsqrt_q15(v); rm = round(r * M / 2**15);
-    y = sat8(round(x * gamma_q * rm / 2**(15 + k + S))).
+    y = sat8(round(x * gamma_q * rm / 2**T)), T = min(15 + k + S, 62) (beyond 49 the result is 0).
     """
     x = x.to(torch.int64)
     v = (x * x).sum(dim=-1, keepdim=True) + eps_term  # [..., 1], < 2**47
     r, k = rsqrt_q15(v.clamp(min=1))
     rm = rounding_shift(r * multiplier, MULT_BITS)  # < 2**16
-    return saturate_int8(rounding_shift(x * gamma_q.to(torch.int64) * rm, 15 + k + shift))
+    total_shift = (15 + k + shift).clamp(max=62)
+    return saturate_int8(rounding_shift(x * gamma_q.to(torch.int64) * rm, total_shift))
 
 
 # --------------------------------------------------------------------------------------- softmax
