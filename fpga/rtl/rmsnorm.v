@@ -38,27 +38,28 @@ module rmsnorm #(
     reg [SQ_W-1:0]      sq1;
     reg [P_W*W-1:0]     p1;
     reg [V_W-1:0]       ss;
-    reg                 rv0;                   // v ready (one cycle per vector)
     reg [V_W-1:0]       v0;
     reg [SQ_W-1:0]      sq_beat;
+    reg signed [2*IN_W-1:0] sq_el;          // signed context: each square on its own
     integer i;
     always @(*) begin
         sq_beat = 0;
-        for (i = 0; i < W; i = i + 1)
-            sq_beat = sq_beat + $signed(x[IN_W*i +: IN_W]) * $signed(x[IN_W*i +: IN_W]);
+        for (i = 0; i < W; i = i + 1) begin
+            sq_el   = $signed(x[IN_W*i +: IN_W]) * $signed(x[IN_W*i +: IN_W]);
+            sq_beat = sq_beat + sq_el;
+        end
     end
     always @(posedge clk) begin
         v1 <= in_valid; last1 <= in_last; sq1 <= sq_beat;
         for (i = 0; i < W; i = i + 1)
             p1[P_W*i +: P_W] <= $signed(x[IN_W*i +: IN_W]) * $signed(gamma[16*i +: 16]);
-        rv0 <= v1 && last1;
         if (v1) begin
             ss <= last1 ? {V_W{1'b0}} : (first1 ? {{(V_W-SQ_W){1'b0}}, sq1} : ss + sq1);
             first1 <= last1;
             v0 <= (first1 ? {V_W{1'b0}} : ss) + sq1 + eps_term;
         end
         if (rst) begin
-            v1 <= 1'b0; rv0 <= 1'b0; first1 <= 1'b1;
+            v1 <= 1'b0; first1 <= 1'b1;
         end
     end
 
@@ -76,7 +77,6 @@ module rmsnorm #(
     end
     wire signed [7:0] k_c = ($signed({1'b0, bl}) - 8'sd30) >>> 1;   // floor((bl - 30) / 2)
 
-    reg [RSQRT_LAT:1] rv;                     // valid per stage
     reg signed [7:0]  k1, k2, k3, k4, k5, k6, k7, k8, k9;
     reg [V_W-1:0]     v1r;
     reg [30:0]        m2;
@@ -86,15 +86,14 @@ module rmsnorm #(
     reg [17:0]        t  [5:8];
     reg [16:0]        rm10;
     reg [6:0]         t10;
-    wire [47:0] mr2_a = mq[4] * rr[4];
-    wire [47:0] mr2_b = mq[7] * rr[7];
+    wire [49:0] mr2_a = mq[4] * rr[4];
+    wire [49:0] mr2_b = mq[7] * rr[7];
     wire [47:0] rh_a  = r[5] * (18'd98304 - t[5]);
     wire [47:0] rh_b  = r[8] * (18'd98304 - t[8]);
     wire [31:0] rmul  = r[9] * mult;
     wire signed [8:0] t_full = 9'sd15 + k9 + $signed({3'b0, shift});
 
     always @(posedge clk) begin
-        rv <= {rv[RSQRT_LAT-1:1], rv0};
         // 1: bit length
         v1r <= vv; k1 <= k_c;
         // 2: m = v / 4**k in [2**29, 2**31)
@@ -103,25 +102,27 @@ module rmsnorm #(
         r[3] <= {1'b0, seed_rom[m2[30:24]]}; mq[3] <= m2[30:14]; k3 <= k2;
         // 4-6: Newton step 1
         rr[4] <= r[3] * r[3]; r[4] <= r[3]; mq[4] <= mq[3]; k4 <= k3;
-        t[5] <= (mr2_a + 48'h4000_0000) >> 31; r[5] <= r[4]; mq[5] <= mq[4]; k5 <= k4;
+        t[5] <= (mr2_a + 50'h4000_0000) >> 31; r[5] <= r[4]; mq[5] <= mq[4]; k5 <= k4;
         r[6] <= (rh_a + 48'h8000) >> 16; mq[6] <= mq[5]; k6 <= k5;
         // 7-9: Newton step 2
         rr[7] <= r[6] * r[6]; r[7] <= r[6]; mq[7] <= mq[6]; k7 <= k6;
-        t[8] <= (mr2_b + 48'h4000_0000) >> 31; r[8] <= r[7]; k8 <= k7;
+        t[8] <= (mr2_b + 50'h4000_0000) >> 31; r[8] <= r[7]; k8 <= k7;
         r[9] <= (rh_b + 48'h8000) >> 16; k9 <= k8;
         // 10: rm = round(r * M / 2**15), T = min(15 + k + S, 62)
         rm10 <= (rmul + 32'h4000) >> 15;
         t10  <= (t_full > 62) ? 7'd62 : t_full[6:0];
-        if (rst) rv <= 0;
     end
 
     // ---------------------------------------------------------------- delay line for x * gamma
-    reg [(P_W*W+3)*DL-1:0] dl;
-    wire [P_W*W+2:0] dl_out = dl[(P_W*W+3)*(DL-1) +: P_W*W+3];
+    // data without reset (so synthesis can use SRLs), valid bits with reset
+    reg [(P_W*W+2)*DL-1:0] dl;
+    reg [DL-1:0]           dl_v;
+    wire [P_W*W+1:0] dl_out = dl[(P_W*W+2)*(DL-1) +: P_W*W+2];
     always @(posedge clk) begin
-        dl <= {dl[(P_W*W+3)*(DL-1)-1:0], {v1, last1, first1, p1}};
+        dl   <= {dl[(P_W*W+2)*(DL-1)-1:0], {last1, first1, p1}};
+        dl_v <= rst ? {DL{1'b0}} : {dl_v[DL-2:0], v1};
     end
-    wire              d_valid = dl_out[P_W*W+2] & ~rst;
+    wire              d_valid = dl_v[DL-1];
     wire              d_last  = dl_out[P_W*W+1];
     wire              d_first = dl_out[P_W*W];
     wire [P_W*W-1:0]  d_p     = dl_out[P_W*W-1:0];

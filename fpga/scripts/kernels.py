@@ -28,6 +28,14 @@ KERNELS = {
         "top": "softmax_exp", "rtl": ["softmax_exp.v"], "files": {"LUT_FILE": "exp2.hex"},
         "sim": {"W": 8, "D_W": 32}, "synth": {"W": 16, "D_W": 32},
     },
+    "rmsnorm": {
+        "top": "rmsnorm", "rtl": ["rmsnorm.v"], "files": {"SEED_FILE": "rsqrt_seed.hex"},
+        "sim": {"D": 16, "W": 4, "IN_W": 16}, "synth": {"D": 896, "W": 16, "IN_W": 16},
+    },
+    "rope": {
+        "top": "rope", "rtl": ["rope.v"],
+        "sim": {"W": 8}, "synth": {"W": 32},
+    },
 }
 
 

@@ -1,0 +1,168 @@
+"""The integer forward pass of the FPGA draft engine, with its own position-indexed int8 KV cache.
+
+What this module owns: running a quantized draft (the tensors `quantize.py` produces) on token ids, in
+integers only, through the primitives of `fixed_point.py` (int8 matmul with int32 accumulation, int4
+group matmul, requantization by multiplier + shift with round-half-up and saturation, fixed-point RMSNorm,
+softmax, SiLU table, RoPE, lowest-index argmax). It gives the same integers on CPU and CUDA because every
+step is exact integer arithmetic (the float matmul paths of `fixed_point.int_matmul` are exact by
+construction). What it does not own: choosing scales (the quantizer) or the drafting loop (`drafter.py`).
+
+Dataflow of one decoder layer (T tokens, residual r int32 at the model-wide residual scale):
+    a = rmsnorm(r) int8 -> qkv = requant(a @ wqkv + b) int8 -> rope(q), rope(k) -> cache[k, v at pos]
+    p = softmax_q15(q k^T) -> o = requant(p v) int8 -> r += requant32(o @ wo)
+    f = rmsnorm(r) int8 -> g, u = requant(f @ w13) -> h = requant(silu_lut(g) * u) -> r += requant32(h @ w2)
+Two additions to fixed_point.py live here: `requantize_int32` (the residual-bound requantization, same
+rounding, int32 saturation) and a per-row pre-shift in front of RMSNorm, so a 32-bit residual meets the
+norm's 16-bit input port (RMSNorm is scale-invariant; only its eps term moves, by 4**shift).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dfvg.fpga import fixed_point as fp
+from dfvg.model import ModelConfig, rope_table
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+NORM_INPUT_BITS = 14  # |x >> shift| <= 2**14 < 2**15 after rounding: inside rmsnorm's input range
+
+
+def requantize_int32(acc: Tensor, multiplier: Tensor, shift: Tensor, bias: Tensor | None = None) -> Tensor:
+    """Accumulator [..., N] -> int64 values saturated to int32: sat32(round((acc + bias) * M / 2**S))."""
+    acc = acc.to(torch.int64)
+    if bias is not None:
+        acc = acc + bias.to(torch.int64)
+    return fp.rounding_shift(acc * multiplier.to(torch.int64), shift).clamp(INT32_MIN, INT32_MAX)
+
+
+def rmsnorm_wide(x: Tensor, gamma: Tensor, params: tuple[int, int, int]) -> Tensor:
+    """int32 residual [T, D] -> int8 [T, D]: shift each row into 15 bits, then `fixed_point.rmsnorm`.
+
+    Example: a row with max |x| = 3_000_000 (22 bits) is shifted right by 8 (round half up) and its eps
+    term eps_term0 / 4**8; a row with max |x| < 2**14 is left as is.
+    """
+    multiplier, shift, eps0 = params
+    top = x.abs().amax(dim=-1, keepdim=True).clamp(min=1)  # [T, 1]
+    bits = torch.frexp(top.to(torch.float64))[1].to(torch.int64)  # bit length (leading-one detector)
+    row_shift = (bits - NORM_INPUT_BITS).clamp(min=0)
+    x16 = fp.rounding_shift(x, row_shift)
+    eps = fp.rounding_shift(torch.full_like(row_shift, eps0), 2 * row_shift)
+    return fp.rmsnorm(x16, gamma, multiplier, shift, eps)
+
+
+class IntegerDraftModel:
+    """A quantized draft on one torch device: `setup_cache`, then `forward(ids, start_pos)`."""
+
+    def __init__(self, tensors: dict[str, Tensor], config: ModelConfig, bits: int, device: torch.device | str):
+        self.config, self.bits, self.device = config, bits, torch.device(device)
+        self.t = {name: t.to(self.device) for name, t in tensors.items()}
+        small = (".params", ".softmax", ".pv", ".hidden")  # integer constants read as host ints once
+        self.params = {name: tuple(int(v) for v in t.tolist()) for name, t in tensors.items() if name.endswith(small)}
+        if bits == 4:
+            self._split_int4()
+        self.max_seq_len = 0
+
+    def _split_int4(self) -> None:
+        """Per int4 matrix, two int8 matrices A, B with w4 * gs = 16 A + B, so x @ (w4 * gs) is exact with two
+        int8 matmuls (gs = 16 hi + lo, hi and lo in [0, 15], |w4 * hi| <= 120). Same integers as
+        `fixed_point.int4_group_matmul` (tests/test_fpga_quantize.py checks it), without unpacking per call."""
+        for name in [n for n in self.t if n.endswith(".weight_packed")]:
+            base = name[: -len(".weight_packed")]
+            w4 = fp.int4_unpack(self.t.pop(name).view(torch.uint8)).to(torch.int16)  # [N, K]
+            gs = self.t.pop(base + ".group_scales").view(torch.uint8).to(torch.int16)  # [N, K/G]
+            gs = gs.repeat_interleave(w4.shape[1] // gs.shape[1], dim=1)  # [N, K]
+            self.t[base + ".weight_hi"] = (w4 * (gs >> 4)).to(torch.int8)
+            self.t[base + ".weight_lo"] = (w4 * (gs & 15)).to(torch.int8)
+
+    def setup_cache(self, max_seq_len: int) -> None:
+        """Allocate the int8 K/V cache [layers][S, KV, hd] and the Q1.14 RoPE tables [S, hd/2] once."""
+        if max_seq_len <= self.max_seq_len:
+            return
+        cfg = self.config
+        shape = (max_seq_len, cfg.num_kv_heads, cfg.head_dim)
+        self.cache_k = [torch.zeros(shape, dtype=torch.int8, device=self.device) for _ in range(cfg.num_layers)]
+        self.cache_v = [torch.zeros(shape, dtype=torch.int8, device=self.device) for _ in range(cfg.num_layers)]
+        cos, sin = rope_table(cfg, max_seq_len, torch.device("cpu"))  # float tables built on CPU everywhere
+        half = cfg.head_dim // 2
+        cos_q, sin_q = fp.rope_tables_q14(cos[:, :half], sin[:, :half])
+        self.cos_q, self.sin_q = cos_q.to(self.device), sin_q.to(self.device)
+        self.max_seq_len = max_seq_len
+
+    # ---------------------------------------------------------------------------------- building blocks
+    def _acc(self, x: Tensor, name: str) -> Tensor:
+        """int8 x [T, K] @ W[N, K].T -> int64 accumulator [T, N] (int32 range for int8, 48-bit for int4)."""
+        if name + ".weight" in self.t:
+            return fp.int8_matmul(x, self.t[name + ".weight"]).to(torch.int64)
+        hi = fp.int8_matmul(x, self.t[name + ".weight_hi"]).to(torch.int64)
+        return 16 * hi + fp.int8_matmul(x, self.t[name + ".weight_lo"]).to(torch.int64)
+
+    def _linear8(self, x: Tensor, name: str) -> Tensor:
+        """int8 in -> int8 out at the output site's scale (per-row multipliers)."""
+        t = self.t
+        return fp.requantize(self._acc(x, name), t[name + ".multiplier"], t[name + ".shift"], t.get(name + ".bias"))
+
+    def _linear32(self, x: Tensor, name: str) -> Tensor:
+        """int8 in -> int32 values at the residual (or logit) scale."""
+        t = self.t
+        return requantize_int32(self._acc(x, name), t[name + ".multiplier"], t[name + ".shift"],
+                                t.get(name + ".bias"))
+
+    def _norm(self, x: Tensor, name: str) -> Tensor:
+        return rmsnorm_wide(x, self.t[name + ".gamma"], self.params[name + ".params"])
+
+    def _attention(self, i: int, x: Tensor, start: int) -> Tensor:
+        """int8 [T, D] -> int8 attention output [T, H*hd]; writes K/V at positions start..start+T-1."""
+        cfg, p, seq = self.config, f"layers.{i}.attention", x.shape[0]
+        heads, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        qkv = self._linear8(x, p + ".wqkv")  # [T, (H + 2 KV) hd]
+        q, k, v = qkv.split([heads * hd, kv * hd, kv * hd], dim=-1)
+        cos, sin = self.cos_q[start:start + seq, None], self.sin_q[start:start + seq, None]  # [T, 1, hd/2]
+        q = fp.rope_apply(q.reshape(seq, heads, hd), cos, sin)
+        self.cache_k[i][start:start + seq] = fp.rope_apply(k.reshape(seq, kv, hd), cos, sin)
+        self.cache_v[i][start:start + seq] = v.reshape(seq, kv, hd)
+        length, rep = start + seq, heads // kv
+        slots = torch.arange(length, device=self.device)
+        keep = slots[None, :] <= (start + torch.arange(seq, device=self.device))[:, None]  # [T, L]
+        keep = keep.repeat_interleave(rep, dim=0)  # rows t * rep + r, as q_g below
+        sm_m, sm_s = self.params[p + ".softmax"]
+        out = []
+        for g in range(kv):  # GQA: query heads g*rep .. g*rep+rep-1 read kv head g
+            q_g = q[:, g * rep:(g + 1) * rep].reshape(seq * rep, hd)
+            scores = fp.int_matmul(q_g, self.cache_k[i][:length, g])  # [T*rep, L]
+            probs = fp.softmax_q15(scores, sm_m, sm_s, keep)  # Q0.15
+            acc = fp.int_matmul(probs, self.cache_v[i][:length, g].T)  # [T*rep, hd]
+            out.append(fp.requantize(acc, *self.params[p + ".pv"]).reshape(seq, rep * hd))
+        return torch.cat(out, dim=-1)
+
+    def _feed_forward(self, i: int, x: Tensor) -> Tensor:
+        """int8 [T, D] -> int8 w2 input [T, I]."""
+        p = f"layers.{i}.feed_forward"
+        gate, up = self._linear8(x, p + ".w13").split(self.config.intermediate_size, dim=-1)
+        silu = fp.lut_apply(gate, self.t[p + ".silu_table"]).to(torch.int64)
+        return fp.requantize(silu * up.to(torch.int64), *self.params[p + ".hidden"])
+
+    # ------------------------------------------------------------------------------------------ forward
+    def embed(self, ids: Tensor) -> Tensor:
+        """ids [T] -> int32 residual [T, D] (per-row int8 embedding requantized to the residual scale)."""
+        rows = self.t["tok_embeddings.weight"][ids].to(torch.int64)
+        m, s = self.t["tok_embeddings.multiplier"][ids, None], self.t["tok_embeddings.shift"][ids, None]
+        return fp.rounding_shift(rows * m.to(torch.int64), s).clamp(INT32_MIN, INT32_MAX)
+
+    def forward(self, ids: Tensor, start_pos: int) -> Tensor:
+        """Feed ids [T] (long, on this device) at positions start_pos..; -> int32-range logits [V] of the last."""
+        if start_pos + ids.shape[0] > self.max_seq_len:
+            raise ValueError(f"positions up to {start_pos + ids.shape[0] - 1} exceed the cache; call setup_cache")
+        r = self.embed(ids)
+        for i in range(self.config.num_layers):
+            p = f"layers.{i}."
+            attn = self._attention(i, self._norm(r, p + "attention_norm"), start_pos)
+            r = (r + self._linear32(attn, p + "attention.wo")).clamp(INT32_MIN, INT32_MAX)
+            hidden = self._feed_forward(i, self._norm(r, p + "ffn_norm"))
+            r = (r + self._linear32(hidden, p + "feed_forward.w2")).clamp(INT32_MIN, INT32_MAX)
+        return self._linear32(self._norm(r[-1:], "norm"), "output")[0]
+
+    def next_token(self, ids: Tensor, start_pos: int, vocab_limit: int | None = None) -> int:
+        """Greedy draft token after ids: argmax (lowest index on ties) of the integer logits."""
+        logits = self.forward(ids, start_pos)
+        return int(fp.argmax_lowest(logits[:vocab_limit]))

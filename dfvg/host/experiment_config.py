@@ -1,0 +1,280 @@
+"""The experiment YAML (`configs/*.yaml`) -> a frozen `ExperimentConfig`, refusing mistakes in one line.
+
+Owns: the accepted keys and their allowed values, the seed's upper-case aliases (`TARGET_MODEL`,
+`DRAFT_MODEL`, `BATCH_SIZE`), the optional `draft_params:` file (`configs/draft_params.yaml`), model pairs
+registered by name in `configs/models.yaml` (`pair:`), and resolving relative paths. Model shapes never
+appear here: they come from each checkpoint's `config.json`.
+
+Does not own: the device mapping (`devices:` is handed as given, a mapping or a YAML path, to
+`dfvg.host.device_config`), running anything (`dfvg.host.experiments`).
+
+Relative paths are looked up in the working directory, then the config's folder, then its parent (so
+`models/...` in `configs/default.yaml` works from anywhere inside or above the repository).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dfvg.errors import UserError
+
+VARIANTS = ("baseline", "speculative", "fpga", "overlap", "adaptive", "sweep")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ALIASES = {"TARGET_MODEL": "target_model", "DRAFT_MODEL": "draft_model", "BATCH_SIZE": "batch_size",
+           "DRAFT_LENGTH": "draft_length", "MAX_NEW_TOKENS": "max_new_tokens", "NUM_RUNS": "num_runs"}
+DRAFT_PARAMS_KEYS = ("draft_length", "draft_length_sweep")
+REGISTRY = Path(__file__).resolve().parents[2] / "configs" / "models.yaml"
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """One experiment: which models, which prompts, which variants, how often."""
+
+    name: str
+    target_model: Path
+    draft_model: Path | None
+    dataset: str = "humaneval"
+    num_prompts: int = 4
+    max_new_tokens: int = 64
+    draft_length: int = 4
+    draft_length_sweep: tuple[int, ...] = ()
+    batch_size: int = 1
+    devices: Any = field(default_factory=lambda: {"draft": "cpu", "verify": "cpu"})
+    dtype: str = "auto"
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    num_runs: int = 1
+    warmup: bool = True
+    variants: tuple[str, ...] = ("baseline", "speculative")
+    fpga: Any = field(default_factory=dict)
+    cpu_watts_per_core: float | None = None
+    threads: int | None = None
+    output_dir: Path = Path("results")
+    source: str = "<dict>"  # the file this came from, for messages and the report's provenance
+
+    @property
+    def uses_draft(self) -> bool:
+        return any(v != "baseline" for v in self.variants)
+
+
+# ---- value parsers: each returns the parsed value or raises ValueError("what is allowed") -------------
+
+def _int(minimum: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"must be an integer >= {minimum}")
+        return value
+    return parse
+
+
+def _float(low: float, high: float, low_open: bool = False) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value > high or value < low or (low_open and value == low):
+            raise ValueError(f"must be a number in {'(' if low_open else '['}{low}, {high}]")
+        return float(value)
+    return parse
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be a non-empty string")
+    return value
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if value not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return value
+    return parse
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+def _int_list(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                              for v in value):
+        raise ValueError("must be a list of integers >= 1, e.g. [1, 2, 4, 8]")
+    return tuple(value)
+
+
+def _variants(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or any(v not in VARIANTS for v in value):
+        raise ValueError(f"must be a non-empty list drawn from {', '.join(VARIANTS)}")
+    chosen = [v for v in VARIANTS if v in value]  # canonical order, baseline first, duplicates dropped
+    return tuple(chosen if "baseline" in chosen else ["baseline", *chosen])  # speedups need the baseline
+
+
+def _mapping_or_path(value: Any) -> Any:
+    if not isinstance(value, (dict, str)):
+        raise ValueError("must be a mapping (e.g. {draft: cpu, verify: cuda:0}) or a YAML file path")
+    return value
+
+
+def _mapping(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError("must be a mapping")
+    return value
+
+
+def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else parse(value)
+
+
+PARSERS: dict[str, Callable[[Any], Any]] = {
+    "name": _text, "target_model": _text, "draft_model": _optional(_text), "pair": _text,
+    "dataset": _text, "num_prompts": _int(1), "max_new_tokens": _int(1), "draft_length": _int(1),
+    "draft_length_sweep": _int_list, "draft_params": _text, "batch_size": _int(1),
+    "devices": _mapping_or_path, "device_config": _text, "dtype": _choice(DTYPES),
+    "temperature": _float(0.0, 100.0), "top_k": _int(0), "top_p": _float(0.0, 1.0, low_open=True),
+    "seed": _int(0), "num_runs": _int(1), "warmup": _bool, "variants": _variants, "fpga": _mapping,
+    "cpu_watts_per_core": _optional(_float(0.0, 1000.0, low_open=True)), "threads": _optional(_int(1)),
+    "output_dir": _text,
+}
+PATH_KEYS = ("target_model", "draft_model", "draft_params", "device_config", "output_dir")
+
+
+def read_yaml(path: Path, what: str = "config") -> dict:
+    """A YAML mapping from a file, or one line saying why not."""
+    if not path.is_file():
+        raise UserError(f"{what} file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path} is not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must hold a YAML mapping of key: value, got a {type(data).__name__}")
+    return data
+
+
+def canonical_keys(raw: dict, source: str) -> dict:
+    """Map aliases to canonical keys and refuse unknown or duplicated ones."""
+    out: dict = {}
+    for key, value in raw.items():
+        name = ALIASES.get(key, key)
+        if name not in PARSERS:
+            raise UserError(f"{source}: unknown key {key!r} (allowed: {', '.join(sorted(PARSERS))}; "
+                            f"aliases: {', '.join(ALIASES)})")
+        if name in out:
+            raise UserError(f"{source}: {key!r} and {name!r} both given; keep one")
+        out[name] = value
+    return out
+
+
+def parse_values(raw: dict, source: str) -> dict:
+    parsed = {}
+    for key, value in raw.items():
+        try:
+            parsed[key] = PARSERS[key](value)
+        except ValueError as err:
+            raise UserError(f"{source}: {key} {err}, got {value!r}") from None
+    return parsed
+
+
+def find_path(text: str, bases: tuple[Path, ...]) -> Path:
+    """The first existing interpretation of a (relative) path; the first base's when none exists."""
+    path = Path(text).expanduser()
+    if path.is_absolute():
+        return path
+    for base in bases:
+        if (base / path).exists():
+            return (base / path).resolve()
+    return (bases[0] / path).resolve()
+
+
+def load_registry(path: Path = REGISTRY) -> dict[str, dict]:
+    """Registered model pairs by name (configs/models.yaml, written by scripts/add_model.py)."""
+    if not path.is_file():
+        return {}
+    pairs = read_yaml(path, "model registry").get("pairs") or {}
+    if not isinstance(pairs, dict):
+        raise UserError(f"{path}: 'pairs' must be a mapping of name -> {{target, draft}}")
+    return pairs
+
+
+def apply_pair(values: dict, source: str) -> None:
+    """Fill target_model / draft_model from a registered pair name (explicit keys win)."""
+    name = values.pop("pair", None)
+    if name is None:
+        return
+    pairs = load_registry()
+    if name not in pairs:
+        raise UserError(f"{source}: pair {name!r} is not registered in {REGISTRY} (known: "
+                        f"{', '.join(sorted(pairs)) or 'none'}); add it with scripts/add_model.py")
+    values.setdefault("target_model", pairs[name]["target"])
+    values.setdefault("draft_model", pairs[name].get("draft"))
+
+
+def merge_draft_params(values: dict, bases: tuple[Path, ...], source: str) -> None:
+    """`draft_params: FILE` supplies draft_length / draft_length_sweep unless the config sets them."""
+    if "draft_params" not in values:
+        return
+    path = find_path(values.pop("draft_params"), bases)
+    extra = read_yaml(path, "draft_params")
+    unknown = sorted(set(extra) - set(DRAFT_PARAMS_KEYS))
+    if unknown:
+        raise UserError(f"{path}: unknown key {unknown[0]!r} (allowed: {', '.join(DRAFT_PARAMS_KEYS)})")
+    for key, value in parse_values(extra, str(path)).items():
+        values.setdefault(key, value)
+
+
+def check_model_dir(path: Path, key: str, source: str) -> None:
+    if not (path / "config.json").is_file():
+        raise UserError(f"{source}: {key} {path} is not a checkpoint directory (no config.json); download the "
+                        f"model (python scripts/download_models.py) or edit the path in {source}")
+
+
+def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None) -> ExperimentConfig:
+    """Validate a raw mapping (from YAML or a script) into an ExperimentConfig."""
+    bases = tuple(dict.fromkeys([Path.cwd()] + ([base_dir, base_dir.parent] if base_dir else [])))
+    values = parse_values(canonical_keys(raw, source), source)
+    apply_pair(values, source)
+    merge_draft_params(values, bases, source)
+    if "device_config" in values:
+        if "devices" in values:
+            raise UserError(f"{source}: give either devices or device_config, not both")
+        values["devices"] = values.pop("device_config")
+    if isinstance(values.get("devices"), str):
+        values["devices"] = str(find_path(values["devices"], bases))
+    if "target_model" not in values:
+        raise UserError(f"{source}: target_model is required (the target checkpoint directory), or pair: NAME")
+    for key in PATH_KEYS:
+        if values.get(key) is not None:
+            values[key] = find_path(str(values[key]), bases)
+    values.setdefault("name", Path(source).stem if source != "<dict>" else "experiment")
+    values.setdefault("draft_model", None)
+    cfg = ExperimentConfig(**values, source=source)
+    check_model_dir(cfg.target_model, "target_model", source)
+    if cfg.uses_draft:
+        if cfg.draft_model is None:
+            raise UserError(f"{source}: variants {', '.join(cfg.variants[1:])} need draft_model (a checkpoint "
+                            "directory), or run only [baseline]")
+        check_model_dir(cfg.draft_model, "draft_model", source)
+    if "sweep" in cfg.variants and not cfg.draft_length_sweep:
+        raise UserError(f"{source}: variant sweep needs draft_length_sweep, e.g. [1, 2, 4, 8]")
+    return cfg
+
+
+def load_experiment_config(source: str | Path | dict) -> ExperimentConfig:
+    """An ExperimentConfig from a YAML path or an already-parsed mapping."""
+    if isinstance(source, dict):
+        return build_config(source)
+    path = Path(source)
+    return build_config(read_yaml(path), str(path), path.resolve().parent)

@@ -1,0 +1,326 @@
+"""Running an experiment config: every variant on every prompt, repeated, metered, then the reports.
+
+Owns: the order of work (each repetition runs every variant on every prompt, so slow drift on a shared
+machine hits all variants alike), warm-up, which decoder runs each variant (the host runtime's
+`run_pipeline` when it is installed, the engine's `generate` otherwise), energy metering per variant and
+repetition, the progress bar, and handing a `RunResults` to `dfvg.reports.write_run_reports`.
+
+Variants: `baseline` (the target alone, autoregressive, measured in this same process), `speculative`
+(sync, float draft on the draft device), `fpga` (sync, the bit-exact FPGA datapath emulated here, with
+board-modeled draft times), `overlap` (draft and verify overlapped by the host runtime), `adaptive`
+(overlap with the runtime's adaptive draft length), `sweep` (sync speculative at each draft length).
+
+Does not own: the config format (`experiment_config`), the decoding loops (`dfvg.generate`,
+`dfvg.host.pipeline`), report formats (`dfvg.reports`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import resource
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from dfvg.checkpoint import load_config, load_model, resolve_dtype
+from dfvg.datasets import load_prompts
+from dfvg.devices import resolve_device
+from dfvg.drafter import make_drafter
+from dfvg.energy import EnergyMeter, Nvml
+from dfvg.generate import GenerationResult, generate
+from dfvg.host.experiment_config import ExperimentConfig, load_experiment_config, read_yaml
+from dfvg.reports.records import Generation, RunResults, VariantResult
+from dfvg.sampling import SamplingParams
+from dfvg.stats import Metric
+from dfvg.tokenizer import check_compatible, encode, eos_token_ids, load_tokenizer
+from dfvg.tokenizer import decode as decode_text
+from dfvg.verifier import TorchVerifier
+
+DESCRIPTIONS = {
+    "baseline": "target alone, autoregressive (measured in the same run)",
+    "speculative": "speculative decoding, sync, float draft on a torch device",
+    "fpga": "speculative decoding, sync, FPGA draft (bit-exact emulation here; board times modeled)",
+    "overlap": "speculative decoding, draft overlapped with verification (host runtime)",
+    "adaptive": "overlap with adaptive draft length (host runtime)",
+    "sweep": "speculative decoding, sync, float draft, draft length k",
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one variant decodes."""
+
+    name: str
+    drafter: str  # "none", "torch", "fpga"
+    mode: str  # "ar", "sync", "overlap"
+    draft_length: int
+    adaptive: bool = False
+
+
+def plans(cfg: ExperimentConfig) -> list[Plan]:
+    k = cfg.draft_length
+    table = {"baseline": [Plan("baseline", "none", "ar", 0)],
+             "speculative": [Plan("speculative", "torch", "sync", k)],
+             "fpga": [Plan("fpga", "fpga", "sync", k)],
+             "overlap": [Plan("overlap", "torch", "overlap", k)],
+             "adaptive": [Plan("adaptive", "torch", "overlap", k, adaptive=True)],
+             "sweep": [Plan(f"sweep:k={n}", "torch", "sync", n) for n in cfg.draft_length_sweep]}
+    return [p for v in cfg.variants for p in table[v]]
+
+
+@dataclass
+class Context:
+    """Loaded models, encoded prompts and the optional runtime parts one experiment uses."""
+
+    cfg: ExperimentConfig
+    nvml: Nvml
+    tokenizer: Any
+    prompts: list[dict]  # {"id", "prompt", "ids"}
+    verifier: TorchVerifier
+    eos_ids: list[int]
+    sampling: SamplingParams
+    draft_device: str
+    verify_device: str
+    torch_drafter: Any = None
+    fpga_drafter: Any = None
+    fpga_error: str = ""
+    fpga_power: Metric | None = None
+    board: Any = None
+    fpga_workload: Any = None
+    fpga_design: Any = None
+    pipeline: Callable | None = None
+    timeline_cls: Any = None
+    adaptive_factory: Callable | None = None
+    batch: Callable | None = None
+    projector: Callable | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return decode_text(self.tokenizer, tokens)
+
+
+def optional(module: str, name: str) -> Any:
+    """An attribute of a host-runtime module that may not be written yet (None when absent)."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def resolve_devices(cfg: ExperimentConfig) -> tuple[str, str, dict]:
+    """(draft device, verify device, FPGA options) from the host runtime's device config."""
+    loader = optional("dfvg.host.device_config", "load_device_config")
+    if loader is None:  # a plain {draft, verify} mapping until dfvg.host.device_config exists
+        raw = cfg.devices if isinstance(cfg.devices, dict) else read_yaml(Path(cfg.devices), "device config")
+        return str(raw.get("draft", "cpu")), str(raw.get("verify", "cpu")), dict(cfg.fpga)
+    dc = loader(cfg.devices)
+    fpga = {k: v for k, v in vars(dc.fpga).items() if v is not None} if getattr(dc, "fpga", None) else {}
+    draft = getattr(dc.draft, "device", dc.draft)
+    return str(draft), str(getattr(dc.verify, "device", dc.verify)), fpga | dict(cfg.fpga)
+
+
+def load_prompts_ids(cfg: ExperimentConfig, tokenizer: Any) -> list[dict]:
+    prompts = load_prompts(cfg.dataset, cfg.num_prompts)
+    return [{**p, "ids": encode(tokenizer, p["prompt"])} for p in prompts]
+
+
+def load_fpga(cfg: ExperimentConfig, ctx: Context, dtype: torch.dtype, options: dict) -> None:
+    """The FPGA drafter, its board and the resource-estimate inputs (or why they are missing)."""
+    from dfvg.fpga.boards import get_board
+    from dfvg.fpga.latency import DesignParams, DraftWorkload
+
+    draft_cfg = load_config(cfg.draft_model)
+    board_name = options.pop("board", "u280")
+    if "fpga" in cfg.variants:
+        if optional("dfvg.fpga.drafter", "FpgaDrafter") is None:
+            ctx.fpga_error = "dfvg.fpga.drafter (FpgaDrafter) is not installed yet"
+        else:
+            ctx.fpga_drafter = make_drafter(cfg.draft_model, "fpga", dtype, ctx.verifier.vocab_size,
+                                            board=board_name, **options)
+    drafter = ctx.fpga_drafter
+    ctx.board = getattr(drafter, "board", None) or get_board(board_name)
+    ctx.fpga_design = getattr(drafter, "design", None) or DesignParams()
+    ctx.fpga_workload = getattr(drafter, "workload", None) or DraftWorkload.from_model_config(draft_cfg)
+    b = ctx.board
+    ctx.fpga_power = Metric(b.power_w, "W", b.power_provenance, f"{b.name}: {b.power_source}")
+
+
+def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
+    """Load tokenizer, prompts, target and drafters once for the whole experiment."""
+    draft_device, verify_device, fpga_options = resolve_devices(cfg)
+    tokenizer = load_tokenizer(cfg.target_model)
+    if cfg.uses_draft:
+        check_compatible(tokenizer, load_tokenizer(cfg.draft_model), cfg.draft_model)
+    prompts = load_prompts_ids(cfg, tokenizer)
+    device = resolve_device(verify_device)
+    dtype = resolve_dtype(cfg.dtype if cfg.dtype != "auto" else
+                          ("bfloat16" if device.type == "cuda" else "float32"))
+    verifier = TorchVerifier(load_model(cfg.target_model, dtype=dtype, device=device))
+    ctx = Context(cfg, nvml, tokenizer, prompts, verifier, eos_token_ids(cfg.target_model),
+                  SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p),
+                  draft_device if draft_device != "fpga" else verify_device, verify_device)
+    if any(p.drafter == "torch" for p in plans(cfg)):
+        ctx.torch_drafter = make_drafter(cfg.draft_model, ctx.draft_device, dtype, verifier.vocab_size)
+    if cfg.draft_model is not None:
+        load_fpga(cfg, ctx, dtype, dict(fpga_options))
+    ctx.pipeline = optional("dfvg.host.pipeline", "run_pipeline")
+    ctx.timeline_cls = optional("dfvg.host.timeline", "Timeline")
+    ctx.adaptive_factory = optional("dfvg.host.adaptive", "AdaptiveDraftLength")
+    ctx.batch = optional("dfvg.host.batch", "run_batch")
+    ctx.projector = optional("dfvg.host.projection", "project_times")
+    return ctx
+
+
+def decode(plan: Plan, ctx: Context, ids: list[int], seed: int,
+           max_new_tokens: int | None = None) -> tuple[GenerationResult, list[dict]]:
+    """Decode one prompt the way the plan says; returns the result and its timeline events."""
+    drafter = {"none": None, "torch": ctx.torch_drafter, "fpga": ctx.fpga_drafter}[plan.drafter]
+    common = dict(eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=seed)
+    n = max_new_tokens or ctx.cfg.max_new_tokens
+    if drafter is not None and ctx.pipeline is not None and ctx.timeline_cls is not None:
+        timeline = ctx.timeline_cls()
+        adaptive = ctx.adaptive_factory(plan.draft_length) if plan.adaptive else None
+        result = ctx.pipeline(ctx.verifier, drafter, ids, n, **common, draft_length=plan.draft_length,
+                              mode=plan.mode, adaptive=adaptive, timeline=timeline)
+        return result, [event_dict(e) for e in timeline.events]
+    result = generate(ctx.verifier, ids, n, **common, drafter=drafter, draft_length=max(plan.draft_length, 1))
+    draft_device = "fpga" if plan.drafter == "fpga" else ctx.draft_device
+    return result, step_timeline(result, draft_device, ctx.verify_device)
+
+
+def event_dict(event: Any) -> dict:
+    return {k: getattr(event, k) for k in ("stage", "device", "start", "end", "tokens", "provenance", "step")}
+
+
+def step_timeline(result: GenerationResult, draft_device: str, verify_device: str) -> list[dict]:
+    """Timeline events rebuilt from measured step durations: in sync decoding the stages run back to back.
+    Example: prefill 0.5 s, step 0 drafts 0.1 s and verifies 0.3 s -> draft [0.5, 0.6], verify [0.6, 0.9]."""
+    events = [dict(stage="prefill", device=verify_device, start=0.0, end=result.prefill_s, tokens=0,
+                   provenance="measured", step=-1)]
+    t = result.prefill_s
+    for i, s in enumerate(result.steps):
+        if s.num_drafted:
+            events.append(dict(stage="draft", device=draft_device, start=t, end=t + s.draft_s,
+                               tokens=s.num_drafted, provenance="measured", step=i))
+            t += s.draft_s
+        events.append(dict(stage="verify", device=verify_device, start=t, end=t + s.verify_s,
+                           tokens=s.num_accepted + 1, provenance="measured", step=i))
+        t += s.verify_s
+    return events
+
+
+def project(plan: Plan, ctx: Context, result: GenerationResult) -> tuple[float | None, str]:
+    """End-to-end seconds with the draft on the modeled board (FPGA variant only)."""
+    if plan.drafter != "fpga":
+        return None, ""
+    draft_s = sum(s.draft_s for s in result.steps)
+    modeled = sum(s.modeled_draft_s or 0.0 for s in result.steps)
+    total = result.prefill_s + result.decode_s
+    return total - draft_s + modeled, ("measured end-to-end time with the measured (emulated) draft time "
+                                       "replaced by the board-modeled draft time; prefill as measured")
+
+
+def warm_up(plan: Plan, ctx: Context) -> None:
+    """A 2-token decode on a short prompt: first-touch of the weights and allocator warm-up."""
+    decode(plan, ctx, ctx.prompts[0]["ids"][:16], seed=0, max_new_tokens=min(3, ctx.cfg.max_new_tokens))
+
+
+def skip_reason(plan: Plan, ctx: Context) -> str | None:
+    """Why a variant cannot run here (a missing optional part), or None."""
+    if plan.drafter == "fpga" and ctx.fpga_error:
+        return ctx.fpga_error
+    if plan.mode == "overlap" and ctx.pipeline is None:
+        return "dfvg.host.pipeline (run_pipeline) is not installed yet"
+    if plan.adaptive and ctx.adaptive_factory is None:
+        return "dfvg.host.adaptive is not installed yet"
+    if ctx.cfg.batch_size > 1 and ctx.batch is None:
+        return f"batch_size={ctx.cfg.batch_size} needs dfvg.host.batch (run_batch), not installed yet"
+    return None
+
+
+def new_variant(plan: Plan, ctx: Context) -> VariantResult:
+    base = plan.name.split(":")[0]
+    description = DESCRIPTIONS[base] + (f" = {plan.draft_length}" if base == "sweep" else "")
+    draft_device = {"none": None, "torch": ctx.draft_device, "fpga": "fpga"}[plan.drafter]
+    return VariantResult(plan.name, description, plan.mode, plan.drafter, draft_device, ctx.verify_device,
+                         plan.draft_length, plan.adaptive, fpga_power=ctx.fpga_power if plan.drafter == "fpga"
+                         else None, skipped=skip_reason(plan, ctx))
+
+
+def run_variant_once(plan: Plan, variant: VariantResult, ctx: Context, run: int, bar: tqdm) -> None:
+    """All prompts of one repetition of one variant, inside one energy meter."""
+    with EnergyMeter(ctx.nvml, ctx.cfg.cpu_watts_per_core) as meter:
+        for index, prompt in enumerate(ctx.prompts):
+            bar.set_postfix_str(f"run {run + 1} {plan.name} {prompt['id']}")
+            variant.generations.append(decode_one(plan, ctx, prompt, index, run))
+            bar.update(1)
+    variant.energy += [(run, m) for m in meter.measurements()]
+    variant.gpu_samples += meter.gpu_samples
+
+
+def decode_one(plan: Plan, ctx: Context, prompt: dict, index: int, run: int) -> Generation:
+    ids = prompt["ids"]
+    result, timeline = decode(plan, ctx, ids, seed=ctx.cfg.seed + index)
+    projected, source = project(plan, ctx, result)
+    return Generation(plan.name, run, prompt["id"], len(ids), list(result.tokens), ctx.detokenize(result.tokens),
+                      result.stats(), list(result.steps), timeline, projected, source)
+
+
+def execute(cfg: ExperimentConfig, ctx: Context) -> dict[str, VariantResult]:
+    chosen = plans(cfg)
+    variants = {p.name: new_variant(p, ctx) for p in chosen}
+    runnable = [p for p in chosen if variants[p.name].skipped is None]
+    if cfg.warmup:
+        for plan in runnable:
+            warm_up(plan, ctx)
+    total = cfg.num_runs * len(runnable) * len(ctx.prompts)
+    with tqdm(total=total, desc=cfg.name, unit="gen", file=sys.stderr, dynamic_ncols=True) as bar:
+        for run in range(cfg.num_runs):
+            for plan in runnable:
+                run_variant_once(plan, variants[plan.name], ctx, run, bar)
+    return variants
+
+
+def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | Path | None = None) -> Path:
+    """Run every configured variant and write one report directory; returns its path."""
+    cfg = config if isinstance(config, ExperimentConfig) else load_experiment_config(config)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    started = datetime.now(timezone.utc)
+    nvml = Nvml.open()
+    with torch.inference_mode():
+        ctx = build_context(cfg, nvml)
+        variants = execute(cfg, ctx)
+    results = RunResults(
+        config=cfg, run_id=f"{cfg.name}-{started.strftime('%Y%m%dT%H%M%SZ')}", variants=variants,
+        started_utc=started.isoformat(timespec="seconds"),
+        finished_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        board=ctx.board, fpga_workload=ctx.fpga_workload, fpga_design=ctx.fpga_design,
+        gpu_reason=nvml.reason, gpu_names=nvml.names,
+        peak_rss_b=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0, notes=ctx.notes)
+    reports = importlib.import_module("dfvg.reports")
+    run_dir = reports.write_run_reports(results, Path(output) if output else cfg.output_dir)
+    print_summary(results, run_dir)
+    return run_dir
+
+
+def print_summary(results: RunResults, run_dir: Path) -> None:
+    """One line per variant on stdout, then where the reports are."""
+    from dfvg.reports.records import mean_std, tokens_per_second_by_run
+
+    base, _ = mean_std(tokens_per_second_by_run(results.baseline))
+    for v in results.variants.values():
+        if v.skipped:
+            print(f"{v.name:<14} skipped: {v.skipped}")
+            continue
+        tps, std = mean_std(tokens_per_second_by_run(v))
+        speedup = tps / base if base else 0.0
+        print(f"{v.name:<14} {tps:8.3f} ± {std:.3f} tok/s  speedup {speedup:5.2f}x  (measured)")
+    print(f"reports: {run_dir}")
+
