@@ -85,7 +85,19 @@ def config_from_dict(raw: dict) -> ModelConfig:
         output_bias=all_bias,
         qk_norm=model_type == "qwen3",
         max_position_embeddings=raw.get("max_position_embeddings", 32768),
+        head_vocab_size=_head_vocab(raw),
     )
+
+
+def _head_vocab(raw: dict) -> int | None:
+    """`dfvg_head_vocab`: a distilled draft whose LM head covers only that many token ids (docs/distill.md)."""
+    head = raw.get("dfvg_head_vocab")
+    if head is None:
+        return None
+    if not isinstance(head, int) or not 0 < head <= raw["vocab_size"] or raw.get("tie_word_embeddings"):
+        raise UserError(f"dfvg_head_vocab must be an int in [1, vocab_size={raw['vocab_size']}] with untied "
+                        f"embeddings, got {head!r}")
+    return head
 
 
 def load_config(path: str | Path) -> ModelConfig:
@@ -124,7 +136,8 @@ def read_tensors(directory: Path, dtype: torch.dtype) -> dict[str, Tensor]:
     for file in safetensors_files(directory):
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
-                tensors[name] = handle.get_tensor(name).to(dtype)
+                tensor = handle.get_tensor(name)  # integer tensors (a head's token ids) keep their dtype
+                tensors[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
     return tensors
 
 
@@ -176,12 +189,24 @@ def convert_state_dict(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
         state["output.weight"] = embed
+    elif cfg.head_vocab_size:
+        state["output.weight"] = _take(tensors, "lm_head.weight", (cfg.head_vocab_size, cfg.hidden_size))
+        state["head_token_ids"] = _head_token_ids(_take(tensors, "lm_head.token_ids", (cfg.head_vocab_size,)), cfg)
     else:
         state["output.weight"] = _take(tensors, "lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
     leftovers = sorted(name for name in tensors if "rotary_emb" not in name)
     if leftovers:
         raise UserError(f"checkpoint has tensors this architecture does not use: {', '.join(leftovers[:5])}")
     return state
+
+
+def _head_token_ids(ids: Tensor, cfg: ModelConfig) -> Tensor:
+    """The head's token ids: integers, strictly ascending (so argmax ties resolve as over the full vocab)."""
+    if ids.is_floating_point() or (ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size)):
+        raise UserError(f"lm_head.token_ids must be integer ids in [0, {cfg.vocab_size})")
+    if bool((ids[1:] <= ids[:-1]).any()):
+        raise UserError("lm_head.token_ids must be strictly ascending (re-save the draft with dfvg.distill)")
+    return ids.long()
 
 
 def resolve_dtype(name: str) -> torch.dtype:

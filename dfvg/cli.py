@@ -47,6 +47,23 @@ def add_generate_parser(commands) -> None:
     gen.add_argument("--draft-device", help=DRAFT_DEVICE_HELP + " (default: --device)")
     gen.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding of the target")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    add_fpga_options(gen)
+
+
+def add_fpga_options(gen) -> None:
+    """Options of --draft-device fpga; checked by FpgaDrafter (one-line errors), ignored for other devices."""
+    fpga = gen.add_argument_group("FPGA drafter (--draft-device fpga)")
+    fpga.add_argument("--fpga-bits", type=int, default=8, help="weight bits of the decoder layers: 8 or 4")
+    fpga.add_argument("--fpga-group-size", type=int, default=128, help="int4 group size (columns per scale)")
+    fpga.add_argument("--fpga-board", default="u280", help="board of the latency model: u280, u55c, u250, v80")
+    fpga.add_argument("--fpga-mode", default="emulate", help="emulate (bit-exact datapath here) or xrt (a board)")
+    fpga.add_argument("--fpga-emulate-device", default="cpu", help="where the emulation runs: cpu, cuda, cuda:N")
+    fpga.add_argument("--xclbin", help="dfvg_draft bitstream for --fpga-mode xrt")
+
+
+def fpga_options(args: argparse.Namespace) -> dict:
+    return {"bits": args.fpga_bits, "group_size": args.fpga_group_size, "board": args.fpga_board,
+            "mode": args.fpga_mode, "emulate_device": args.fpga_emulate_device, "xclbin": args.xclbin}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,7 +99,8 @@ def run_generate(args: argparse.Namespace) -> dict:
     if not args.no_draft:
         check_compatible(tokenizer, load_tokenizer(args.draft), args.draft)
         draft_device = args.draft_device or args.device
-        drafter = make_drafter(args.draft, draft_device, dtype, target.vocab_size)
+        options = fpga_options(args) if draft_device == "fpga" else {}
+        drafter = make_drafter(args.draft, draft_device, dtype, target.vocab_size, **options)
     if args.prompt is not None:
         prompt_ids = encode(tokenizer, args.prompt)
     else:

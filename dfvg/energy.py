@@ -190,7 +190,7 @@ class EnergyMeter:
             f"assumed {watts} W per busy core (config cpu_watts_per_core)"
         cpu_s = self._cpu1 - self._cpu0
         return Measurement("cpu", watts * cpu_s, self.seconds, "assumed",
-                           f"RAPL not readable here; {source} x {cpu_s:.2f} CPU-seconds of this process "
+                           f"RAPL not readable here; {source} x this process's CPU-seconds "
                            "(measured with time.process_time)")
 
 

@@ -73,6 +73,17 @@ def propose(
     return drafter.propose(seq, k, sampling, rng)
 
 
+def accept_block(
+    block: DraftBlock, target_logits: torch.Tensor, sampling: SamplingParams, rng: torch.Generator
+) -> tuple[int, int]:
+    """Accept a prefix of the block against the target's logits [k+1, V]; draws k+1 uniforms from rng."""
+    target_probs = processed_probs(target_logits, sampling)
+    draft_probs = None if block.probs is None else block.probs.to(target_probs.device)
+    uniforms = torch.rand(len(block.tokens) + 1, generator=rng)
+    draft_tokens = torch.tensor(block.tokens, dtype=torch.long)
+    return accept(draft_tokens, draft_probs, target_probs, uniforms)
+
+
 def speculative_step(
     verifier: TorchVerifier,
     drafter: Drafter | None,
@@ -85,11 +96,7 @@ def speculative_step(
     block = propose(drafter, seq, k, sampling, rng)
     verify_start = time.perf_counter()
     target_logits = verifier.score([seq[-1], *block.tokens], start_pos=len(seq) - 1)  # [k+1, V]
-    target_probs = processed_probs(target_logits, sampling)
-    draft_probs = None if block.probs is None else block.probs.to(target_probs.device)
-    uniforms = torch.rand(len(block.tokens) + 1, generator=rng)
-    draft_tokens = torch.tensor(block.tokens, dtype=torch.long)
-    num_accepted, next_token = accept(draft_tokens, draft_probs, target_probs, uniforms)
+    num_accepted, next_token = accept_block(block, target_logits, sampling, rng)
     synchronize(verifier.device)
     verify_s = time.perf_counter() - verify_start
     committed = block.tokens[:num_accepted] + [next_token]

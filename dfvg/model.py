@@ -46,6 +46,7 @@ class ModelConfig:
     output_bias: bool = False  # bias on the o projection (Llama with attention_bias only)
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
     max_position_embeddings: int = 32768
+    head_vocab_size: int | None = None  # LM head over a token subset (docs/distill.md); None = all vocab_size
 
     @property
     def qkv_size(self) -> int:
@@ -191,7 +192,11 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.output = nn.Linear(config.hidden_size, config.head_vocab_size or config.vocab_size, bias=False)
+        if config.head_vocab_size:
+            # A distilled FPGA-sized draft's head has one row per token of `head_token_ids` [Vh] (ascending
+            # ids); forward scatters its logits into the full vocabulary, so a token outside is never drafted.
+            self.register_buffer("head_token_ids", torch.zeros(config.head_vocab_size, dtype=torch.long))
         if config.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.max_seq_len = 0
@@ -228,4 +233,8 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, input_pos, mask)
         if last_only:
             x = x[:, -1:]
-        return self.output(self.norm(x)).float()
+        logits = self.output(self.norm(x)).float()
+        if self.config.head_vocab_size:
+            full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+            logits = full.index_copy_(-1, self.head_token_ids, logits)  # [B, T, Vh] -> [B, T, V]
+        return logits

@@ -103,11 +103,27 @@ def test_int4_pack_roundtrip_and_group_matmul():
     assert torch.equal(fp.int4_unpack(packed).long(), w4)
     scales = torch.randint(1, 256, (24, 8), generator=g)
     x = _i8(3, 256, g=g)
-    acc = fp.int4_group_matmul(x, packed, scales, 32)
+    wg = fp.int4_group_layout(fp.int4_unpack(packed), 32)
+    assert wg.shape == (8, 24, 32)
+    acc = fp.int4_group_matmul(x, wg, scales)
     ref = (x.long().view(3, 1, 8, 32) * w4.view(1, 24, 8, 32)).sum(-1).mul(scales).sum(-1)
     assert torch.equal(acc, ref)
+    extreme = torch.full((1, 256), -128, dtype=torch.int8)
+    w_ext = fp.int4_group_layout(torch.full((2, 256), -8), 32)
+    s_ext = torch.full((2, 8), 255)
+    assert fp.int4_group_matmul(extreme, w_ext, s_ext).tolist() == [[256 * 1024 * 255] * 2]
     with pytest.raises(UserError):
-        fp.int4_group_matmul(x, packed, scales, 48)
+        fp.int4_group_matmul(x, wg, scales[:, :4])
+
+
+def test_int4_group_matmul_float_path_matches_int_mm_path():
+    """The non-_int_mm path (used on CUDA) gives the same integers: feed it int64 activations."""
+    g = _gen(12)
+    w4 = torch.randint(-8, 8, (16, 128), generator=g)
+    wg = fp.int4_group_layout(w4, 64)
+    scales = torch.randint(1, 256, (16, 2), generator=g)
+    x = _i8(4, 128, g=g)
+    assert torch.equal(fp.int4_group_matmul(x, wg, scales), fp.int4_group_matmul(x.long(), wg, scales))
 
 
 # --------------------------------------------------------------------------------------- RMSNorm

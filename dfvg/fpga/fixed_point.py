@@ -10,11 +10,17 @@ Rules used everywhere
 - Integer ops only; floats appear only when building constant tables and multipliers at setup time,
   and in `int_matmul`, whose float32/float64 path is exact (every partial sum is an integer below the
   mantissa limit; `tests/test_fixed_point.py` proves it against int64 arithmetic).
+- Matmul path: on CPU `int8_matmul` / `int4_group_matmul` use `torch._int_mm` (true int8 x int8 ->
+  int32, int8 weights stay int8 in memory; measured here 0.03 s for the 151936 x 896 LM head and
+  1.6 ms for a 9728 x 896 GEMV, vs 60 ms on the fp32 path, which casts the weights on every call).
+  `_int_mm` is private and on CUDA wants M > 16, so CUDA (and any CPU build without it) takes the
+  exact fp32 path; both give the same integers.
 
 Formats (name: bits, meaning)
 - activations, weights: int8, symmetric, real = q * scale (no zero point).
-- int4 weights: signed [-8, 7], two per byte (low nibble = even k), group scales uint8 [1, 255] per
-  group of `group_size` columns; the per-row float scale goes into the requantization multiplier.
+- int4 weights: signed [-8, 7], stored two per byte (low nibble = even k, `int4_pack`), group scales
+  uint8 [1, 255] per group of G columns; the per-row float scale goes into the requantization
+  multiplier. For compute they are unpacked once into the group-major layout [K/G, N, G].
 - accumulators: int32 for int8 x int8 (exact for K < 2**17); 48 bits (DSP48E2 P register) for the
   int4 group path, returned in int64.
 - requantization multiplier: (M, S) with M in [2**14, 2**15) (15 bits, fits a DSP 18-bit port), S in
@@ -167,22 +173,35 @@ def int4_unpack(packed: torch.Tensor) -> torch.Tensor:
     return (w - ((w & 8) << 1)).to(torch.int8)
 
 
-def int4_group_matmul(x: torch.Tensor, w_packed: torch.Tensor, group_scales: torch.Tensor,
-                      group_size: int) -> torch.Tensor:
-    """int8 x [..., K] @ int4 w [N, K] with uint8 group scales [N, K/G] -> int64 [..., N] (48-bit acc).
+def int4_group_layout(w4: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Unpacked int4 values int8 [N, K] -> group-major int8 [K/G, N, G] (contiguous), done once at load."""
+    n, k = w4.shape
+    if k % group_size:
+        raise UserError(f"int4 groups: K={k} is not a multiple of group_size={group_size}")
+    return w4.to(torch.int8).reshape(n, k // group_size, group_size).transpose(0, 1).contiguous()
 
-    acc[n] = sum_g s[n, g] * sum_{k in g} x[k] * w[n, k]; each group dot is exact in fp32 (G <= 2048).
+
+def int4_group_matmul(x: torch.Tensor, w_groups: torch.Tensor, group_scales: torch.Tensor) -> torch.Tensor:
+    """int8 x [..., K] @ int4 weights (group-major [K/G, N, G]) with scales [N, K/G] -> int64 [..., N].
+
+    acc[n] = sum_g s[n, g] * sum_{k in g} x[k] * w[n, k] (a 48-bit accumulator in hardware).
+    Group dots: torch._int_mm per group on CPU, else one exact fp32 bmm (|dot| <= G * 1024 < 2**24).
     """
-    w = int4_unpack(w_packed)  # [N, K]
-    n, k = w.shape
-    if k % group_size or group_scales.shape != (n, k // group_size) or group_size > 2048:
-        raise UserError(f"int4 groups: K={k} must split into groups of {group_size} (<= 2048) "
-                        f"and scales must be [{n}, {k // max(group_size, 1)}]")
-    g = k // group_size
-    xg = x.to(torch.float32).reshape(-1, g, group_size).transpose(0, 1)  # [g, B, G]
-    wg = w.to(torch.float32).reshape(n, g, group_size).permute(1, 2, 0)  # [g, G, N]
-    part = torch.bmm(xg, wg).to(torch.int64)  # [g, B, N], exact: |.| <= 2048 * 1024
-    acc = (part * group_scales.to(torch.int64).T.unsqueeze(1)).sum(dim=0)  # [B, N]
+    g, n, gs = w_groups.shape
+    k = x.shape[-1]
+    if g * gs != k or group_scales.shape != (n, g) or gs > 2048:
+        raise UserError(f"int4 groups: x has K={k} but weights are {g} groups of {gs} (<= 2048) "
+                        f"and scales must be [{n}, {g}], got {list(group_scales.shape)}")
+    x2 = x.reshape(-1, k)
+    scales = group_scales.to(torch.int64)
+    if x.device.type == "cpu" and _CPU_INT_MM and x.dtype == torch.int8:
+        acc = torch.zeros(x2.shape[0], n, dtype=torch.int64)
+        for j in range(g):
+            acc += torch._int_mm(x2[:, j * gs:(j + 1) * gs], w_groups[j].T).to(torch.int64) * scales[:, j]
+    else:
+        xg = x2.to(torch.float32).reshape(-1, g, gs).transpose(0, 1)  # [g, B, G]
+        part = torch.bmm(xg, w_groups.to(torch.float32).transpose(1, 2)).to(torch.int64)  # [g, B, N]
+        acc = (part * scales.T.unsqueeze(1)).sum(dim=0)
     return acc.reshape(*x.shape[:-1], n)
 
 
@@ -308,6 +327,14 @@ def softmax_q15(scores: torch.Tensor, multiplier: int, shift: int,
     e = softmax_exp(d.clamp(min=-(1 << 32)), multiplier, shift)
     if mask is not None:
         e = torch.where(mask, e, 0)
+    return softmax_normalize(e)
+
+
+def softmax_normalize(e: torch.Tensor) -> torch.Tensor:
+    """Exp values Q1.15 [..., L] -> probabilities Q0.15 [..., L]: p = round(e * r / 2**(15 + k)).
+
+    (r, k) = reciprocal_q15(max(sum e, 2**15)); an all-zero row stays zero.
+    """
     total = e.sum(dim=-1, keepdim=True)
     r, k = reciprocal_q15(total.clamp(min=Q15_ONE))
     return torch.where(total > 0, rounding_shift(e * r, 15 + k), 0)

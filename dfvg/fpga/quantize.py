@@ -2,9 +2,9 @@
 
 What this module owns: activation calibration (run the float model, record per-channel |x| maxima), the
 float-exact smoothing transform that moves activation outliers into the weights, weight quantization (int8
-per output channel; int4 with uint8 group scales), the choice of every requantization multiplier, and the
-versioned artifact on disk. What it does not own: the arithmetic (`fixed_point.py`), the integer forward
-pass (`datapath.py`), or anything in `dfvg/model.py` (which never learns about FPGAs).
+per output channel; int4 with uint8 group scales) and the choice of every requantization multiplier. What
+it does not own: the artifact on disk (`artifact.py`), the arithmetic (`fixed_point.py`), the integer
+forward pass (`datapath.py`), or anything in `dfvg/model.py` (which never learns about FPGAs).
 
 Number formats (real = q * scale, symmetric, scales from calibrated absmax):
 - residual stream: int32 at ONE model-wide scale `residual_scale` (Qwen2's attention-sink token reaches
@@ -35,6 +35,7 @@ SMOOTH_ALPHA = 0.5
 RESIDUAL_BITS = 20  # calibrated max |residual| -> 2**20: 11 bits of headroom below the int32 limit
 LOGIT_BITS = 20
 BUILTIN_CALIBRATION = "builtin-lcg"
+
 
 
 # ------------------------------------------------------------------------------------ calibration
@@ -154,12 +155,17 @@ def smooth(model: Transformer, stats: dict[str, Tensor]) -> None:
 
 
 # ---------------------------------------------------------------------------------------- weights
-def quantize_rows_int8(w: Tensor) -> tuple[Tensor, Tensor]:
-    """Float [N, K] -> (int8 [N, K], float64 row scales [N]) with scale = max|row| / 127."""
-    w = w.detach().to(torch.float64)
-    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
-    q = torch.floor(w / scale[:, None] + 0.5).clamp(-127, 127).to(torch.int8)
-    return q, scale
+def quantize_rows_int8(w: Tensor, rows_per_chunk: int = 8192) -> tuple[Tensor, Tensor]:
+    """Float [N, K] -> (int8 [N, K], float64 row scales [N]) with scale = max|row| / 127.
+
+    Chunks of rows keep the float64 temporaries small (a 152k-row LM head would need 2 GB at once)."""
+    q, scales = [], []
+    for chunk in w.detach().split(rows_per_chunk):
+        chunk = chunk.to(torch.float64)
+        scale = (chunk.abs().amax(dim=1) / 127).clamp(min=1e-12)
+        q.append(torch.floor(chunk / scale[:, None] + 0.5).clamp(-127, 127).to(torch.int8))
+        scales.append(scale)
+    return torch.cat(q), torch.cat(scales)
 
 
 def quantize_rows_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -305,3 +311,4 @@ def quantize_model(model: Transformer, bits: int = 8, group_size: int = 128,
             "scales": {"layers": layer_scales, **end_scales}, "smoothing_alpha": SMOOTH_ALPHA,
             "calibration_tokens": sum(len(s) for s in sequences)}
     return tensors, meta
+

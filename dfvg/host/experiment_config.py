@@ -5,8 +5,9 @@ Owns: the accepted keys and their allowed values, the seed's upper-case aliases 
 registered by name in `configs/models.yaml` (`pair:`), and resolving relative paths. Model shapes never
 appear here: they come from each checkpoint's `config.json`.
 
-Does not own: the device mapping (`devices:` is handed as given, a mapping or a YAML path, to
-`dfvg.host.device_config`), running anything (`dfvg.host.experiments`).
+Does not own: the device mapping (`devices:`, a mapping or a YAML path such as
+`configs/device_config.yaml`, is parsed by `dfvg.host.device_config`), running anything
+(`dfvg.host.experiments`).
 
 Relative paths are looked up in the working directory, then the config's folder, then its parent (so
 `models/...` in `configs/default.yaml` works from anywhere inside or above the repository).
@@ -15,6 +16,7 @@ Relative paths are looked up in the working directory, then the config's folder,
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any
 import yaml
 
 from dfvg.errors import UserError
+from dfvg.host.device_config import DeviceConfig, build_device_config, load_device_config
 
 VARIANTS = ("baseline", "speculative", "fpga", "overlap", "adaptive", "sweep")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -45,7 +48,7 @@ class ExperimentConfig:
     draft_length: int = 4
     draft_length_sweep: tuple[int, ...] = ()
     batch_size: int = 1
-    devices: Any = field(default_factory=lambda: {"draft": "cpu", "verify": "cpu"})
+    devices: DeviceConfig = field(default_factory=DeviceConfig)
     dtype: str = "auto"
     temperature: float = 0.0
     top_k: int = 0
@@ -54,7 +57,6 @@ class ExperimentConfig:
     num_runs: int = 1
     warmup: bool = True
     variants: tuple[str, ...] = ("baseline", "speculative")
-    fpga: Any = field(default_factory=dict)
     cpu_watts_per_core: float | None = None
     threads: int | None = None
     output_dir: Path = Path("results")
@@ -124,12 +126,6 @@ def _mapping_or_path(value: Any) -> Any:
     return value
 
 
-def _mapping(value: Any) -> dict:
-    if not isinstance(value, dict):
-        raise ValueError("must be a mapping")
-    return value
-
-
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else parse(value)
 
@@ -140,7 +136,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "draft_length_sweep": _int_list, "draft_params": _text, "batch_size": _int(1),
     "devices": _mapping_or_path, "device_config": _text, "dtype": _choice(DTYPES),
     "temperature": _float(0.0, 100.0), "top_k": _int(0), "top_p": _float(0.0, 1.0, low_open=True),
-    "seed": _int(0), "num_runs": _int(1), "warmup": _bool, "variants": _variants, "fpga": _mapping,
+    "seed": _int(0), "num_runs": _int(1), "warmup": _bool, "variants": _variants,
     "cpu_watts_per_core": _optional(_float(0.0, 1000.0, low_open=True)), "threads": _optional(_int(1)),
     "output_dir": _text,
 }
@@ -241,6 +237,24 @@ def check_model_dir(path: Path, key: str, source: str) -> None:
                         f"model (python scripts/download_models.py) or edit the path in {source}")
 
 
+def check_models(values: dict, source: str) -> None:
+    check_model_dir(values["target_model"], "target_model", source)
+    if any(v != "baseline" for v in values.get("variants", ExperimentConfig.variants)):
+        if values["draft_model"] is None:
+            raise UserError(f"{source}: the variants besides baseline need draft_model (a checkpoint "
+                            "directory), or run only variants: [baseline]")
+        check_model_dir(values["draft_model"], "draft_model", source)
+
+
+def devices(value: dict | str | None, bases: tuple[Path, ...], source: str) -> DeviceConfig:
+    """The device mapping: inline (checked here, named after this config) or a device_config YAML file."""
+    if value is None:
+        return DeviceConfig()
+    if isinstance(value, str):
+        return load_device_config(find_path(value, bases))
+    return build_device_config(value, f"{source}: devices", bases[-1])
+
+
 def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None) -> ExperimentConfig:
     """Validate a raw mapping (from YAML or a script) into an ExperimentConfig."""
     bases = tuple(dict.fromkeys([Path.cwd()] + ([base_dir, base_dir.parent] if base_dir else [])))
@@ -251,8 +265,6 @@ def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None
         if "devices" in values:
             raise UserError(f"{source}: give either devices or device_config, not both")
         values["devices"] = values.pop("device_config")
-    if isinstance(values.get("devices"), str):
-        values["devices"] = str(find_path(values["devices"], bases))
     if "target_model" not in values:
         raise UserError(f"{source}: target_model is required (the target checkpoint directory), or pair: NAME")
     for key in PATH_KEYS:
@@ -260,13 +272,9 @@ def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None
             values[key] = find_path(str(values[key]), bases)
     values.setdefault("name", Path(source).stem if source != "<dict>" else "experiment")
     values.setdefault("draft_model", None)
+    check_models(values, source)
+    values["devices"] = devices(values.get("devices"), bases, source)
     cfg = ExperimentConfig(**values, source=source)
-    check_model_dir(cfg.target_model, "target_model", source)
-    if cfg.uses_draft:
-        if cfg.draft_model is None:
-            raise UserError(f"{source}: variants {', '.join(cfg.variants[1:])} need draft_model (a checkpoint "
-                            "directory), or run only [baseline]")
-        check_model_dir(cfg.draft_model, "draft_model", source)
     if "sweep" in cfg.variants and not cfg.draft_length_sweep:
         raise UserError(f"{source}: variant sweep needs draft_length_sweep, e.g. [1, 2, 4, 8]")
     return cfg
@@ -278,3 +286,54 @@ def load_experiment_config(source: str | Path | dict) -> ExperimentConfig:
         return build_config(source)
     path = Path(source)
     return build_config(read_yaml(path), str(path), path.resolve().parent)
+
+
+# ---- the pair registry (configs/models.yaml), written by scripts/add_model.py ---------------------------
+
+REGISTRY_HEADER = """\
+# DFVG model-pair registry: target -> draft, by name. scripts/add_model.py validates and adds pairs here
+# (checkpoints load, safetensors present, tokenizers compatible); experiment configs can say `pair: NAME`
+# and scripts/run_all.py picks the draft registered for a target. Paths are relative to the repository.
+"""
+
+
+def resolve_model(name_or_dir: str, role: str, registry: Path = REGISTRY) -> Path:
+    """A checkpoint directory from a path, a folder name under models/, or (target only) a registered pair."""
+    repo = registry.parent.parent
+    for candidate in (Path(name_or_dir).expanduser(), repo / "models" / name_or_dir):
+        if (candidate / "config.json").is_file():
+            return candidate.resolve()
+    pairs = load_registry(registry)
+    if name_or_dir in pairs:
+        return find_path(pairs[name_or_dir]["target" if role == "target" else "draft"], (repo,))
+    raise UserError(f"--{role} {name_or_dir!r} is neither a checkpoint directory (with config.json) nor a folder "
+                    f"under {repo / 'models'}; download it (python scripts/download_models.py) or give its path")
+
+
+def registered_draft(target: Path, registry: Path = REGISTRY) -> Path | None:
+    """The draft registered for this target directory, if any."""
+    repo = registry.parent.parent
+    for entry in load_registry(registry).values():
+        if find_path(str(entry.get("target", "")), (repo,)) == target.resolve() and entry.get("draft"):
+            return find_path(str(entry["draft"]), (repo,))
+    return None
+
+
+def register_pair(name: str, target: Path, draft: Path, registry: Path = REGISTRY) -> None:
+    """Add or replace `name` in the registry; written to a temp file and renamed (never half-written)."""
+    repo = registry.parent.parent.resolve()
+
+    def rel(path: Path) -> str:
+        path = path.resolve()
+        return str(path.relative_to(repo)) if path.is_relative_to(repo) else str(path)
+
+    pairs = load_registry(registry)
+    pairs[name] = {"target": rel(target), "draft": rel(draft)}
+    text = REGISTRY_HEADER + yaml.safe_dump({"pairs": pairs}, sort_keys=False)
+    registry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = registry.with_name(f".{registry.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, registry)
+    finally:
+        tmp.unlink(missing_ok=True)

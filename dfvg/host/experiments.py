@@ -16,6 +16,7 @@ Does not own: the config format (`experiment_config`), the decoding loops (`dfvg
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import resource
 import sys
@@ -34,7 +35,8 @@ from dfvg.devices import resolve_device
 from dfvg.drafter import make_drafter
 from dfvg.energy import EnergyMeter, Nvml
 from dfvg.generate import GenerationResult, generate
-from dfvg.host.experiment_config import ExperimentConfig, load_experiment_config, read_yaml
+from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, FpgaConfig, load_device_config
+from dfvg.host.experiment_config import ExperimentConfig, load_experiment_config
 from dfvg.reports.records import Generation, RunResults, VariantResult
 from dfvg.sampling import SamplingParams
 from dfvg.stats import Metric
@@ -65,11 +67,12 @@ class Plan:
 
 def plans(cfg: ExperimentConfig) -> list[Plan]:
     k = cfg.draft_length
+    ahead = "fpga" if cfg.devices.draft == "fpga" else "torch"  # overlap/adaptive draft where devices.draft says
     table = {"baseline": [Plan("baseline", "none", "ar", 0)],
              "speculative": [Plan("speculative", "torch", "sync", k)],
              "fpga": [Plan("fpga", "fpga", "sync", k)],
-             "overlap": [Plan("overlap", "torch", "overlap", k)],
-             "adaptive": [Plan("adaptive", "torch", "overlap", k, adaptive=True)],
+             "overlap": [Plan("overlap", ahead, "overlap", k)],
+             "adaptive": [Plan("adaptive", ahead, "overlap", k, adaptive=True)],
              "sweep": [Plan(f"sweep:k={n}", "torch", "sync", n) for n in cfg.draft_length_sweep]}
     return [p for v in cfg.variants for p in table[v]]
 
@@ -87,6 +90,7 @@ class Context:
     sampling: SamplingParams
     draft_device: str
     verify_device: str
+    devices: DeviceConfig | None = None
     torch_drafter: Any = None
     fpga_drafter: Any = None
     fpga_error: str = ""
@@ -99,6 +103,8 @@ class Context:
     adaptive_factory: Callable | None = None
     batch: Callable | None = None
     projector: Callable | None = None
+    dtype: torch.dtype = torch.float32
+    batch_drafters: dict = field(default_factory=dict)  # drafter kind -> one drafter per batch row
     notes: list[str] = field(default_factory=list)
 
     def detokenize(self, tokens: list[int]) -> str:
@@ -113,16 +119,10 @@ def optional(module: str, name: str) -> Any:
         return None
 
 
-def resolve_devices(cfg: ExperimentConfig) -> tuple[str, str, dict]:
-    """(draft device, verify device, FPGA options) from the host runtime's device config."""
-    loader = optional("dfvg.host.device_config", "load_device_config")
-    if loader is None:  # a plain {draft, verify} mapping until dfvg.host.device_config exists
-        raw = cfg.devices if isinstance(cfg.devices, dict) else read_yaml(Path(cfg.devices), "device config")
-        return str(raw.get("draft", "cpu")), str(raw.get("verify", "cpu")), dict(cfg.fpga)
-    dc = loader(cfg.devices)
-    fpga = {k: v for k, v in vars(dc.fpga).items() if v is not None} if getattr(dc, "fpga", None) else {}
-    draft = getattr(dc.draft, "device", dc.draft)
-    return str(draft), str(getattr(dc.verify, "device", dc.verify)), fpga | dict(cfg.fpga)
+def fpga_options(devices: DeviceConfig) -> dict:
+    """FpgaDrafter options from the device config's fpga section (defaults when it has none)."""
+    fpga = devices.fpga or FpgaConfig()
+    return {k: v for k, v in dataclasses.asdict(fpga).items() if v is not None}
 
 
 def load_prompts_ids(cfg: ExperimentConfig, tokenizer: Any) -> list[dict]:
@@ -137,7 +137,7 @@ def load_fpga(cfg: ExperimentConfig, ctx: Context, dtype: torch.dtype, options: 
 
     draft_cfg = load_config(cfg.draft_model)
     board_name = options.pop("board", "u280")
-    if "fpga" in cfg.variants:
+    if any(p.drafter == "fpga" for p in plans(cfg)):
         if optional("dfvg.fpga.drafter", "FpgaDrafter") is None:
             ctx.fpga_error = "dfvg.fpga.drafter (FpgaDrafter) is not installed yet"
         else:
@@ -153,7 +153,8 @@ def load_fpga(cfg: ExperimentConfig, ctx: Context, dtype: torch.dtype, options: 
 
 def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
     """Load tokenizer, prompts, target and drafters once for the whole experiment."""
-    draft_device, verify_device, fpga_options = resolve_devices(cfg)
+    devices = load_device_config(cfg.devices)
+    draft_device, verify_device = devices.draft, devices.verify
     tokenizer = load_tokenizer(cfg.target_model)
     if cfg.uses_draft:
         check_compatible(tokenizer, load_tokenizer(cfg.draft_model), cfg.draft_model)
@@ -164,16 +165,18 @@ def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
     verifier = TorchVerifier(load_model(cfg.target_model, dtype=dtype, device=device))
     ctx = Context(cfg, nvml, tokenizer, prompts, verifier, eos_token_ids(cfg.target_model),
                   SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p),
-                  draft_device if draft_device != "fpga" else verify_device, verify_device)
+                  draft_device if draft_device != "fpga" else verify_device, verify_device, devices)
     if any(p.drafter == "torch" for p in plans(cfg)):
         ctx.torch_drafter = make_drafter(cfg.draft_model, ctx.draft_device, dtype, verifier.vocab_size)
     if cfg.draft_model is not None:
-        load_fpga(cfg, ctx, dtype, dict(fpga_options))
+        load_fpga(cfg, ctx, dtype, fpga_options(devices))
     ctx.pipeline = optional("dfvg.host.pipeline", "run_pipeline")
     ctx.timeline_cls = optional("dfvg.host.timeline", "Timeline")
-    ctx.adaptive_factory = optional("dfvg.host.adaptive", "AdaptiveDraftLength")
+    adaptive = optional("dfvg.host.adaptive", "AdaptiveDraftLength")
+    ctx.adaptive_factory = adaptive.from_config if adaptive is not None else None
     ctx.batch = optional("dfvg.host.batch", "run_batch")
     ctx.projector = optional("dfvg.host.projection", "project_times")
+    ctx.dtype = dtype
     return ctx
 
 
@@ -185,7 +188,8 @@ def decode(plan: Plan, ctx: Context, ids: list[int], seed: int,
     n = max_new_tokens or ctx.cfg.max_new_tokens
     if drafter is not None and ctx.pipeline is not None and ctx.timeline_cls is not None:
         timeline = ctx.timeline_cls()
-        adaptive = ctx.adaptive_factory(plan.draft_length) if plan.adaptive else None
+        adaptive = ctx.adaptive_factory(plan.draft_length, ctx.devices.adaptive or AdaptiveConfig()) \
+            if plan.adaptive else None
         result = ctx.pipeline(ctx.verifier, drafter, ids, n, **common, draft_length=plan.draft_length,
                               mode=plan.mode, adaptive=adaptive, timeline=timeline)
         return result, [event_dict(e) for e in timeline.events]
@@ -195,7 +199,8 @@ def decode(plan: Plan, ctx: Context, ids: list[int], seed: int,
 
 
 def event_dict(event: Any) -> dict:
-    return {k: getattr(event, k) for k in ("stage", "device", "start", "end", "tokens", "provenance", "step")}
+    """A host-runtime TimelineEvent as a plain dict (its extra fields, e.g. speculative, kept)."""
+    return event.to_dict() if hasattr(event, "to_dict") else dataclasses.asdict(event)
 
 
 def step_timeline(result: GenerationResult, draft_device: str, verify_device: str) -> list[dict]:
@@ -215,15 +220,24 @@ def step_timeline(result: GenerationResult, draft_device: str, verify_device: st
     return events
 
 
-def project(plan: Plan, ctx: Context, result: GenerationResult) -> tuple[float | None, str]:
-    """End-to-end seconds with the draft on the modeled board (FPGA variant only)."""
-    if plan.drafter != "fpga":
-        return None, ""
-    draft_s = sum(s.draft_s for s in result.steps)
-    modeled = sum(s.modeled_draft_s or 0.0 for s in result.steps)
-    total = result.prefill_s + result.decode_s
-    return total - draft_s + modeled, ("measured end-to-end time with the measured (emulated) draft time "
-                                       "replaced by the board-modeled draft time; prefill as measured")
+def project(plan: Plan, ctx: Context, result: GenerationResult, events: list[dict],
+            prompt_len: int) -> tuple[float | None, str, str]:
+    """(seconds, source, provenance) end to end with the draft on the modeled board; FPGA drafts only.
+
+    dfvg.host.projection replays the schedule with each block's modeled time (the pipeline's events carry
+    it); without that module, sync runs swap the summed measured draft time for the summed modeled one."""
+    if plan.drafter != "fpga" or ctx.fpga_drafter is None:
+        return None, "", ""
+    d = ctx.fpga_drafter
+    if ctx.projector is None:
+        draft_s = sum(s.draft_s for s in result.steps)
+        modeled = sum(s.modeled_draft_s or 0.0 for s in result.steps)
+        return result.prefill_s + result.decode_s - draft_s + modeled, "measured end-to-end time with the " \
+            "measured (emulated) draft time replaced by the board-modeled one; prefill as measured", "modeled"
+    prefill = optional("dfvg.host.projection", "modeled_prefill_s")(d.workload, d.board, d.design, prompt_len)
+    source = events if events and "modeled_s" in events[0] else result
+    m = ctx.projector(source, plan.mode, design=d.design, draft_prefill_s=prefill, board=d.board.name)
+    return m["projected_s"].value, m["projected_s"].source, m["projected_s"].provenance
 
 
 def warm_up(plan: Plan, ctx: Context) -> None:
@@ -239,8 +253,11 @@ def skip_reason(plan: Plan, ctx: Context) -> str | None:
         return "dfvg.host.pipeline (run_pipeline) is not installed yet"
     if plan.adaptive and ctx.adaptive_factory is None:
         return "dfvg.host.adaptive is not installed yet"
-    if ctx.cfg.batch_size > 1 and ctx.batch is None:
-        return f"batch_size={ctx.cfg.batch_size} needs dfvg.host.batch (run_batch), not installed yet"
+    if ctx.cfg.batch_size > 1 and plan.drafter != "none":
+        if ctx.batch is None or ctx.timeline_cls is None:
+            return f"batch_size={ctx.cfg.batch_size} needs dfvg.host.batch (run_batch), not installed yet"
+        if plan.mode == "overlap":
+            return f"the overlap schedule decodes one sequence; batch_size={ctx.cfg.batch_size} runs sync only"
     return None
 
 
@@ -255,11 +272,16 @@ def new_variant(plan: Plan, ctx: Context) -> VariantResult:
 
 def run_variant_once(plan: Plan, variant: VariantResult, ctx: Context, run: int, bar: tqdm) -> None:
     """All prompts of one repetition of one variant, inside one energy meter."""
+    size = ctx.cfg.batch_size if plan.drafter != "none" else 1  # plain decoding stays one sequence
     with EnergyMeter(ctx.nvml, ctx.cfg.cpu_watts_per_core) as meter:
-        for index, prompt in enumerate(ctx.prompts):
-            bar.set_postfix_str(f"run {run + 1} {plan.name} {prompt['id']}")
-            variant.generations.append(decode_one(plan, ctx, prompt, index, run))
-            bar.update(1)
+        for first in range(0, len(ctx.prompts), size):
+            group = ctx.prompts[first:first + size]
+            bar.set_postfix_str(f"run {run + 1} {plan.name} {group[0]['id']}")
+            if size > 1:
+                variant.generations += decode_batch(plan, ctx, group, first, run)
+            else:
+                variant.generations.append(decode_one(plan, ctx, group[0], first, run))
+            bar.update(len(group))
     variant.energy += [(run, m) for m in meter.measurements()]
     variant.gpu_samples += meter.gpu_samples
 
@@ -267,9 +289,28 @@ def run_variant_once(plan: Plan, variant: VariantResult, ctx: Context, run: int,
 def decode_one(plan: Plan, ctx: Context, prompt: dict, index: int, run: int) -> Generation:
     ids = prompt["ids"]
     result, timeline = decode(plan, ctx, ids, seed=ctx.cfg.seed + index)
-    projected, source = project(plan, ctx, result)
+    projected, source, provenance = project(plan, ctx, result, timeline, len(ids))
     return Generation(plan.name, run, prompt["id"], len(ids), list(result.tokens), ctx.detokenize(result.tokens),
-                      result.stats(), list(result.steps), timeline, projected, source)
+                      result.stats(), list(result.steps), timeline, projected, source, provenance)
+
+
+def decode_batch(plan: Plan, ctx: Context, group: list[dict], first: int, run: int) -> list[Generation]:
+    """batch_size prompts through the host runtime's run_batch: one target forward per step for all rows.
+    The shared timeline goes with the group's first generation; each row is charged 1/B of the time."""
+    kind = plan.drafter
+    if kind not in ctx.batch_drafters:  # one drafter (its own KV cache) per row, made once
+        device = "fpga" if kind == "fpga" else ctx.draft_device
+        options = fpga_options(ctx.devices) if kind == "fpga" else {}
+        ctx.batch_drafters[kind] = [make_drafter(ctx.cfg.draft_model, device, ctx.dtype, ctx.verifier.vocab_size,
+                                                 **options) for _ in range(ctx.cfg.batch_size)]
+    timeline = ctx.timeline_cls()
+    results = ctx.batch(ctx.verifier, ctx.batch_drafters[kind][:len(group)], [p["ids"] for p in group],
+                        ctx.cfg.max_new_tokens, eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=ctx.cfg.seed + first,
+                        draft_length=plan.draft_length, timeline=timeline)
+    events = [event_dict(e) for e in timeline.events]
+    return [Generation(plan.name, run, p["id"], len(p["ids"]), list(r.tokens), ctx.detokenize(r.tokens), r.stats(),
+                       list(r.steps), events if i == 0 else [], batch_share=1 / len(group))
+            for i, (p, r) in enumerate(zip(group, results, strict=True))]
 
 
 def execute(cfg: ExperimentConfig, ctx: Context) -> dict[str, VariantResult]:
@@ -294,7 +335,9 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
         torch.set_num_threads(cfg.threads)
     started = datetime.now(timezone.utc)
     nvml = Nvml.open()
-    with torch.inference_mode():
+    # Not inference_mode: it is thread-local, and the overlap pipeline's draft thread must be able to
+    # update KV caches allocated here; no_grad alone keeps autograd out (also under `dfvg run`).
+    with torch.inference_mode(False), torch.no_grad():
         ctx = build_context(cfg, nvml)
         variants = execute(cfg, ctx)
     results = RunResults(

@@ -42,10 +42,12 @@ class Generation:
     timeline: list[dict]  # TimelineEvent fields: stage, device, start, end, tokens, provenance, step
     projected_s: float | None = None  # end-to-end seconds with the draft on the modeled board
     projection_source: str = ""
+    projection_provenance: str = "modeled"  # "estimated" when some draft blocks had no modeled time
+    batch_share: float = 1.0  # 1/B: a batch's rows share one wall clock, each is charged its share
 
     @property
     def seconds(self) -> float:
-        return self.stats["prefill_s"] + self.stats["decode_s"]
+        return (self.stats["prefill_s"] + self.stats["decode_s"]) * self.batch_share
 
 
 @dataclass
@@ -125,6 +127,12 @@ def has_projection(v: VariantResult) -> bool:
     return bool(v.generations) and all(g.projected_s is not None for g in v.generations)
 
 
+def projection_provenance(v: VariantResult) -> str:
+    """The weakest label among the generations' projections."""
+    labels = {g.projection_provenance for g in v.generations}
+    return "estimated" if "estimated" in labels else "modeled"
+
+
 def match_rates(v: VariantResult, baseline: VariantResult) -> tuple[float, float]:
     """(fraction of generations identical to the baseline's, fraction of baseline tokens reproduced at
     the same position). Paired by (repetition, prompt id)."""
@@ -165,3 +173,11 @@ def energy_totals(v: VariantResult) -> dict[str, tuple[float | None, str, str]]:
                        f"board model: {v.fpga_power.value} W ({v.fpga_power.provenance}: "
                        f"{v.fpga_power.source}) x {fpga_s:.4f} s modeled draft time")
     return out
+
+
+def record(value: Any, unit: str, provenance: str, source: str) -> dict:
+    """A reported number (or list of numbers) as `{value, unit, provenance, source}` (a Metric's fields)."""
+    if isinstance(value, (list, tuple)):
+        Metric(0.0, unit, provenance, source)  # validates the provenance label
+        return {"value": [float(x) for x in value], "unit": unit, "provenance": provenance, "source": source}
+    return Metric(float(value), unit, provenance, source).to_dict()

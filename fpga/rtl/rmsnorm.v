@@ -2,7 +2,7 @@
 //   v = sum x^2 + eps_term;  (r, k) = rsqrt_q15(v);  rm = round(r * M / 2**15)
 //   y = sat8(round(x * gamma * rm / 2**T)),  T = min(15 + k + S, 62)
 // gamma (int16) streams beside x, so x * gamma is formed on input and delayed until the vector's
-// rsqrt is ready (a fixed delay of D/W + RSQRT_LAT beats: shift registers, SRL-mapped by synthesis).
+// rsqrt is ready (a fixed delay of D/W + RSQRT_LAT beats in a delay_ram).
 // A vector is exactly D/W contiguous beats (in_last on the last); vectors may follow back to back
 // (II = D/W cycles) or with gaps. M, S, eps_term are per-layer constants (ports held stable).
 // rsqrt pipeline (10 stages): bit length -> normalise m = v / 4**k -> seed LUT (rsqrt_seed.hex) ->
@@ -114,14 +114,11 @@ module rmsnorm #(
     end
 
     // ---------------------------------------------------------------- delay line for x * gamma
-    // data without reset (so synthesis can use SRLs), valid bits with reset
-    reg [(P_W*W+2)*DL-1:0] dl;
-    reg [DL-1:0]           dl_v;
-    wire [P_W*W+1:0] dl_out = dl[(P_W*W+2)*(DL-1) +: P_W*W+2];
-    always @(posedge clk) begin
-        dl   <= {dl[(P_W*W+2)*(DL-1)-1:0], {last1, first1, p1}};
-        dl_v <= rst ? {DL{1'b0}} : {dl_v[DL-2:0], v1};
-    end
+    // data in a RAM-based delay, valid bits in flip-flops with reset
+    reg  [DL-1:0]    dl_v;
+    wire [P_W*W+1:0] dl_out;
+    delay_ram #(.WIDTH(P_W*W+2), .DELAY(DL)) delay (.clk(clk), .din({last1, first1, p1}), .dout(dl_out));
+    always @(posedge clk) dl_v <= rst ? {DL{1'b0}} : {dl_v[DL-2:0], v1};
     wire              d_valid = dl_v[DL-1];
     wire              d_last  = dl_out[P_W*W+1];
     wire              d_first = dl_out[P_W*W];

@@ -28,8 +28,12 @@ KERNELS = {
         "top": "softmax_exp", "rtl": ["softmax_exp.v"], "files": {"LUT_FILE": "exp2.hex"},
         "sim": {"W": 8, "D_W": 32}, "synth": {"W": 16, "D_W": 32},
     },
+    "softmax_norm": {
+        "top": "softmax_norm", "rtl": ["delay_ram.v", "softmax_norm.v"], "files": {"SEED_FILE": "recip_seed.hex"},
+        "sim": {"L": 16, "W": 4}, "synth": {"L": 1024, "W": 16},
+    },
     "rmsnorm": {
-        "top": "rmsnorm", "rtl": ["rmsnorm.v"], "files": {"SEED_FILE": "rsqrt_seed.hex"},
+        "top": "rmsnorm", "rtl": ["delay_ram.v", "rmsnorm.v"], "files": {"SEED_FILE": "rsqrt_seed.hex"},
         "sim": {"D": 16, "W": 4, "IN_W": 16}, "synth": {"D": 896, "W": 16, "IN_W": 16},
     },
     "rope": {
@@ -42,3 +46,19 @@ KERNELS = {
 def sources(name: str) -> list[Path]:
     """Absolute RTL paths of one kernel."""
     return [RTL / f for f in KERNELS[name]["rtl"]]
+
+
+def vivado_tcl() -> str:
+    """The kernel list as a Tcl dict for vivado/synth.tcl and impl.tcl (synthesis sizes)."""
+    lines = ["set kernels [dict create]"]
+    for name, spec in KERNELS.items():
+        generics = " ".join(f"{k} {v}" for k, v in spec["synth"].items())
+        lines.append(f"dict set kernels {name} [dict create top {spec['top']} "
+                     f"files {{{' '.join(spec['rtl'])}}} generics {{{generics}}}]")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    Path(sys.argv[1]).write_text(vivado_tcl())

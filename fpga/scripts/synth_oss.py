@@ -1,9 +1,11 @@
 """Open-source resource estimate: Yosys `synth_xilinx -family xcup` per kernel -> reports/yosys_cells.json.
 
 Usage: python scripts/synth_oss.py [kernel ...]   (default: all; the report is written for a full run).
-Counts are pre-place-and-route *estimates* (no timing, no power): LUT = LUT1..LUT6, FF = FDRE/FDSE/FDCE/
-FDPE, RAMB36E2 counts a RAMB18E2 as 0.5. Kernels are synthesized without I/O buffers (they are internal
-blocks of a larger design) at the sizes in kernels.py's "synth" parameters.
+Counts are pre-place-and-route *estimates* (no timing, no power): LUT = LUT1..LUT6, FF = FDRE/FDSE/
+FDCE/FDPE, RAMB36E2 counts a RAMB18E2 as 0.5, CARRY8 counts a CARRY4 as 0.5 (Yosys 0.23 still maps
+adders to CARRY4 for xcup); "raw_cells" keeps Yosys' own counts (SRL16E/SRLC32E, MUXF7-9 included).
+Kernels are synthesized without I/O buffers (they are internal blocks of a larger design) at the
+sizes in kernels.py's "synth" parameters.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def cell_summary(by_type: dict[str, int]) -> dict[str, float]:
     """Yosys cell types -> the resource classes a board model needs."""
     lut = sum(n for t, n in by_type.items() if re.fullmatch(r"LUT[1-6]", t))
     return {"LUT": lut, "FF": sum(by_type.get(t, 0) for t in FF_CELLS),
-            "CARRY8": by_type.get("CARRY8", 0), "DSP48E2": by_type.get("DSP48E2", 0),
+            "CARRY8": by_type.get("CARRY8", 0) + 0.5 * by_type.get("CARRY4", 0), "DSP48E2": by_type.get("DSP48E2", 0),
             "RAMB36E2": by_type.get("RAMB36E2", 0) + 0.5 * by_type.get("RAMB18E2", 0),
             "URAM288": by_type.get("URAM288", 0)}
 
@@ -53,7 +55,8 @@ def synth_kernel(name: str) -> dict:
     subprocess.run(["yosys", "-q", "-l", "yosys.log", "synth.ys"], cwd=work, check=True,
                    stdout=subprocess.DEVNULL)
     stat = json.loads((work / "stat.json").read_text())
-    return {"params": KERNELS[name]["synth"], "cells": cell_summary(stat["design"]["num_cells_by_type"])}
+    by_type = stat["design"]["num_cells_by_type"]
+    return {"params": KERNELS[name]["synth"], "cells": cell_summary(by_type), "raw_cells": by_type}
 
 
 def yosys_version() -> str:

@@ -1,7 +1,8 @@
 """Build and run the cocotb test of each kernel with Icarus; merge measured cycles into a report.
 
 Usage: python tests/run_sim.py [kernel ...]   (default: all). Exit status 1 if any kernel fails.
-Writes reports/kernel_cycles.json when all kernels ran. Env DFVG_RTL_VECTORS sets vectors per kernel.
+Writes reports/kernel_cycles.json when all kernels ran. Env DFVG_RTL_VECTORS sets vectors per kernel,
+DFVG_SIM_BUILD the build folder (default build/sim).
 """
 
 from __future__ import annotations
@@ -22,12 +23,17 @@ from kernels import FPGA_DIR, KERNELS, LUTS, sources  # noqa: E402
 
 REPO = FPGA_DIR.parent
 REPORT = FPGA_DIR / "reports" / "kernel_cycles.json"
+DEFINITIONS = {
+    "latency_cycles": "clock cycles from the last input beat of a vector (tile) to its first output beat",
+    "initiation_interval": "cycles between the starts of back-to-back vectors (tiles) at one beat per cycle",
+    "elements_per_cycle": "input elements (gemv_tile: MACs) consumed per cycle while streaming",
+}
 
 
 def run_kernel(name: str, cycles_dir: Path) -> bool:
     """Compile one kernel with its simulation parameters and run tests/test_<name>.py against it."""
     spec = KERNELS[name]
-    build_dir = FPGA_DIR / "build" / "sim" / name
+    build_dir = Path(os.environ.get("DFVG_SIM_BUILD", FPGA_DIR / "build" / "sim")) / name
     params = {**spec["sim"], **{k: f'"{LUTS / v}"' for k, v in spec.get("files", {}).items()}}
     runner = get_runner("icarus")
     runner.build(sources=sources(name), hdl_toplevel=spec["top"], parameters=params,
@@ -57,8 +63,8 @@ def main(argv: list[str]) -> int:
                 failed.append(name)
         if not failed and names == list(KERNELS):
             kernels = {n: json.loads((Path(tmp) / f"{n}.json").read_text()) for n in names}
-            report = {"simulator": "Icarus Verilog 11.0 + cocotb 2.1 (measured in simulation)",
-                      "kernels": kernels}
+            report = {"simulator": "Icarus Verilog 11.0 + cocotb 2.1", "provenance": "measured",
+                      "definitions": DEFINITIONS, "kernels": kernels}
             REPORT.write_text(json.dumps(report, indent=2) + "\n")
             print(f"[sim] wrote {REPORT.relative_to(REPO)}")
     if failed:

@@ -36,5 +36,6 @@ async def argmax_matches_python(dut):
         assert r["out_value"] == int(v[i, idx[i]]) & mask
     lat = recs[0]["cycle"] - in_cyc[N // W - 1]
     ii = recs[1]["cycle"] - recs[0]["cycle"]
-    record_cycles("argmax_stream", {"W": W, "VAL_W": VAL_W, "N": N}, lat, ii, W)
+    params = {"W": W, "VAL_W": VAL_W, "IDX_W": int(dut.IDX_W.value), "N": N}
+    record_cycles("argmax_stream", params, lat, ii, W)
     dut._log.info("argmax_stream: %d vectors bit-exact, latency %d, II %d", n, lat, ii)

@@ -26,9 +26,14 @@ async def gemv_tile_matches_python(dut):
     bias[1], mult[1], shift[1] = 0, (1 << 15) - 1, 1  # saturates to +127
     bias[2], mult[2], shift[2] = -(1 << 31), (1 << 15) - 1, 1  # saturates to -128
     acc = torch.stack([fp.int8_matmul(x[i:i + 1], w[i])[0] for i in range(n)]).long()
+    # exact rounding ties (acc + bias = odd, scale 1/2): half up, i.e. 2.5 -> 3 and -2.5 -> -2
+    odd = torch.tensor([5, -5, 3, -3, 1, -1, 255, -255])[:P]
+    bias[4, :len(odd)] = odd - acc[4, :len(odd)]
+    mult[4], shift[4] = 1 << 14, 15
     acc_ref = (x.long().unsqueeze(1) * w.long()).sum(-1)
     assert torch.equal(acc, acc_ref)
     y = fp.requantize(acc, mult, shift, bias)
+    assert y[4, :len(odd)].tolist() == [(int(v) + 1) // 2 for v in odd]
 
     beats = []
     for i in range(n):
@@ -44,7 +49,7 @@ async def gemv_tile_matches_python(dut):
         assert unpack(r["y"], 8, P) == y[i].tolist(), f"vector {i}: rtl {unpack(r['y'], 8, P)} != {y[i].tolist()}"
     last_in = [in_cyc[(i + 1) * (K // W) - 1] for i in range(n)]
     lat = recs[0]["cycle"] - last_in[0]
-    assert all(r["cycle"] - c == lat for r, c in zip(recs, last_in))
+    assert all(r["cycle"] - c == lat for r, c in zip(recs, last_in, strict=True))
     ii = recs[1]["cycle"] - recs[0]["cycle"]
     record_cycles("gemv_tile", {"P": P, "W": W, "K": K}, lat, ii, P * W)
     dut._log.info("gemv_tile: %d tiles bit-exact, latency %d, II %d", n, lat, ii)

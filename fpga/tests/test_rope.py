@@ -19,7 +19,9 @@ async def rope_matches_python(dut):
     cq[1], sq[1], x[1, :W], x[1, W:] = 11585, 11585, 127, -128  # 45 degrees: saturates
     cq[2], sq[2] = -16384, -16384  # table extremes
     x[3] = 0
+    cq[4], sq[4], x[4] = 8192, 0, torch.tensor([1, -1, 3, -3] * (W // 2))  # cos 0.5: exact ties
     want = fp.rope_apply(x, cq, sq)
+    assert want[4, :4].tolist() == [1, 0, 2, -1]  # 0.5 -> 1, -0.5 -> 0, 1.5 -> 2, -1.5 -> -1
     beats = [{"in_valid": 1, "x1": pack(x[i, :W], 8), "x2": pack(x[i, W:], 8),
               "cos_q": pack(cq[i], 16), "sin_q": pack(sq[i], 16)} for i in range(n)]
     await start(dut)

@@ -1,0 +1,171 @@
+"""Acceptance of distilled FPGA-sized drafts vs the real 0.5B draft on held-out HumanEval (docs/distill.md).
+
+    python benchmarks/distill_eval.py --target models/qwen2.5-coder-1.5b-instruct \
+        --distilled results/distill/l4-d512-v32k [more dirs] --device cuda --output results/distill/eval.json
+
+Two measurements, both on the held-out HumanEval prompts of the first distilled draft's recipe (never
+trained on by any draft made with the same prompt set):
+1. teacher-forced, exact for greedy (dfvg/distill/evaluate.py): every k in --ks from one pass per draft
+   over the target's cached greedy continuations: acceptance rate and mean accepted length (bonus counted).
+2. end to end with `dfvg.generate` for --e2e-prompts prompts at --e2e-k: measured acceptance, verify and
+   draft seconds per step, and the share of outputs equal to plain greedy (bf16 on a GPU: reported, not
+   asserted). FPGA rows run the integer datapath emulated on the GPU (`--draft-device fpga`); when the
+   FPGA quantizer cannot take a head-vocabulary draft the row says why instead.
+Every number is `measured` on this machine, except the FPGA block times (`modeled`, dfvg/distill/sizing.py).
+The last line printed is one JSON object (also written to --output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dfvg.checkpoint import load_config, load_model, read_json, resolve_dtype  # noqa: E402
+from dfvg.datasets import load_humaneval  # noqa: E402
+from dfvg.distill import data, evaluate, sizing  # noqa: E402
+from dfvg.drafter import TorchDrafter, make_drafter  # noqa: E402
+from dfvg.errors import UserError  # noqa: E402
+from dfvg.generate import generate  # noqa: E402
+from dfvg.stats import Metric  # noqa: E402
+from dfvg.tokenizer import encode, eos_token_ids, load_tokenizer  # noqa: E402
+from dfvg.verifier import TorchVerifier  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default=str(ROOT / "models/qwen2.5-coder-1.5b-instruct"))
+    p.add_argument("--baseline-draft", default=str(ROOT / "models/qwen2.5-coder-0.5b-instruct"))
+    p.add_argument("--distilled", nargs="+", required=True, help="draft folders written by distill_draft.py")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="", help="target/baseline dtype (default bfloat16 on cuda, float32 on cpu)")
+    p.add_argument("--ks", default="2,4,6,8")
+    p.add_argument("--e2e-prompts", type=int, default=8)
+    p.add_argument("--e2e-tokens", type=int, default=128)
+    p.add_argument("--e2e-k", default="4")
+    p.add_argument("--fpga-bits", default="8,4", help="FPGA datapath widths for the first distilled draft; '' = none")
+    p.add_argument("--output", default=str(ROOT / "results/distill/eval.json"))
+    return p.parse_args()
+
+
+def held_out_humaneval(distilled_dir: Path) -> tuple[list, list[str]]:
+    """The cached greedy continuations of the held-out HumanEval prompts, and their keys."""
+    recipe = read_json(distilled_dir / "distill_recipe.json", "distill recipe")
+    cache = Path(recipe["options"]["teacher_cache"] or distilled_dir / "teacher") / "heldout"
+    seqs = data.load_teacher(cache, read_json(cache / data.TEACHER_META, "teacher cache meta"))
+    if seqs is None:
+        raise UserError(f"no held-out teacher data in {cache}; run scripts/distill_draft.py first")
+    keep = [i for i, key in enumerate(recipe["heldout_prompts"]) if key.startswith("humaneval/")]
+    return [seqs[i] for i in keep], [recipe["heldout_prompts"][i] for i in keep]
+
+
+def teacher_forced(drafts: dict[str, Path], seqs: list, ks: list[int], device: torch.device, dtype) -> dict:
+    """acceptance_table of each float draft over the held-out continuations (one pass per draft)."""
+    table = {}
+    for name, directory in drafts.items():
+        model = load_model(directory, dtype=dtype if name == "0.5b" else torch.float32, device=device)
+        table[name] = evaluate.acceptance_table(evaluate.greedy_matches(model, seqs, batch_size=4), ks)
+        del model
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+    return table
+
+
+def e2e_row(verifier, drafter, prompts: list[list[int]], plain: list[list[int]], k: int, tokens: int, eos) -> dict:
+    steps, same, draft_s, verify_s = [], 0, [], []
+    for prompt, reference in zip(prompts, plain, strict=True):
+        result = generate(verifier, prompt, tokens, eos_ids=eos, drafter=drafter, draft_length=k)
+        steps += result.steps
+        same += result.tokens == reference
+        draft_s += [s.draft_s for s in result.steps]
+        verify_s += [s.verify_s for s in result.steps]
+    accepted, drafted = sum(s.num_accepted for s in steps), sum(s.num_drafted for s in steps)
+    return {"k": k, "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "mean_accepted_length": sum(s.num_accepted + 1 for s in steps) / len(steps),
+            "median_draft_s_per_step": statistics.median(draft_s),
+            "median_verify_s_per_step": statistics.median(verify_s),
+            "outputs_equal_to_plain_greedy": same / len(prompts), "provenance": "measured"}
+
+
+def drafters(args, drafts: dict[str, Path], device, dtype, vocab: int):
+    """(name, factory) of every end-to-end drafter: float drafts, then the FPGA datapath rows."""
+    rows = [(name, lambda d=d, n=name: TorchDrafter(load_model(d, dtype=dtype if n == "0.5b" else torch.float32,
+                                                                device=device), vocab)) for name, d in drafts.items()]
+    first = Path(args.distilled[0])
+    for bits in [int(b) for b in args.fpga_bits.split(",") if b.strip()]:
+        rows.append((f"{first.name}-fpga-int{bits}", lambda b=bits: make_drafter(
+            first, "fpga", torch.float32, vocab, bits=b, device=str(device))))
+    return rows
+
+
+def end_to_end(args, drafts: dict[str, Path], keys: list[str], device, dtype) -> dict:
+    tokenizer, eos = load_tokenizer(args.target), eos_token_ids(args.target)
+    by_key = {f"humaneval/{p['id']}": p["prompt"] for p in load_humaneval()}
+    prompts = [encode(tokenizer, by_key[k]) for k in keys[: args.e2e_prompts]]
+    verifier = TorchVerifier(load_model(args.target, dtype=dtype, device=device))
+    generate(verifier, prompts[0], 4)  # warm-up
+    plain = [generate(verifier, p, args.e2e_tokens, eos_ids=eos).tokens for p in prompts]
+    out = {}
+    for name, factory in drafters(args, drafts, device, dtype, verifier.vocab_size):
+        try:
+            drafter = factory()
+        except (UserError, RuntimeError) as err:
+            out[name] = {"unsupported": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
+            continue
+        out[name] = [e2e_row(verifier, drafter, prompts, plain, int(k), args.e2e_tokens, eos)
+                     for k in args.e2e_k.split(",")]
+        print(f"e2e {name}: {json.dumps(out[name])}", flush=True)
+    return out
+
+
+def modeled_fpga(drafts: dict[str, Path], e2e: dict, ks: list[int]) -> dict:
+    """Modeled U280 fit and block time of each distilled draft vs the measured verify time per step."""
+    verify = [r["median_verify_s_per_step"] for rows in e2e.values() if isinstance(rows, list) for r in rows]
+    measured = None
+    if verify:
+        measured = Metric(statistics.median(verify), "s", "measured", "median verify_s per step, e2e runs")
+    out = {}
+    for name, directory in drafts.items():
+        if name == "0.5b":
+            continue
+        for bits in (8, 4):
+            s = sizing.size_draft(load_config(directory), bits, k=max(ks), verify=measured)
+            out[f"{name}-int{bits}"] = {"fits_on_chip": s.fits_on_chip, "block_ms_modeled": s.block_time.value * 1e3,
+                                        "hides_behind_measured_verify": s.hides_behind_verify, "lines": s.lines()}
+    return out
+
+
+def main() -> int:
+    args = parse_args()
+    device = torch.device(args.device)
+    dtype = resolve_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    ks = [int(k) for k in args.ks.split(",")]
+    drafts = {"0.5b": Path(args.baseline_draft)} | {Path(d).name: Path(d) for d in args.distilled}
+    seqs, keys = held_out_humaneval(Path(args.distilled[0]))
+    print(f"held-out HumanEval prompts: {len(keys)}", flush=True)
+    result = {"heldout_keys": keys, "teacher_forced": teacher_forced(drafts, seqs, ks, device, dtype)}
+    for name, table in result["teacher_forced"].items():
+        cells = [f"k={k} alpha={r['acceptance_rate']:.3f} tau={r['mean_accepted_length']:.2f}"
+                 for k, r in table.items()]
+        print(f"teacher-forced {name}: " + ", ".join(cells), flush=True)
+    result["end_to_end"] = end_to_end(args, drafts, keys, device, dtype) if args.e2e_prompts > 0 else {}
+    result["fpga_modeled"] = modeled_fpga(drafts, result["end_to_end"], ks)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,228 @@
+"""The phases of benchmarks/gpu_speed.py: correctness checks, DFVG variants, Hugging Face peers, FPGA drafter.
+
+Each `phase_<name>(args, models) -> dict` returns a JSON-able payload; `timed_runs` (gpu_speed.py) does
+the warm-up, the synchronized per-prompt timing and the per-prompt token lists.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.gpu_speed import sync, timed_runs
+from dfvg.drafter import TorchDrafter
+from dfvg.generate import generate
+from dfvg.gpu.fast import FastGreedy
+from dfvg.gpu.graphs import GraphDrafter, GraphVerifier, draft_graph, token_graph
+from dfvg.verifier import TorchVerifier
+
+
+def ks(args) -> list[int]:
+    return [int(k) for k in args.ks.split(",") if k]
+
+
+def cache_len(models, args) -> int:
+    longest = max(len(p["ids"]) for p in models["prompts"])
+    return longest + args.max_new_tokens + max(ks(args)) + 16
+
+
+def graph_pair(args, models, compile_blocks: bool = True) -> tuple[GraphVerifier, GraphDrafter]:
+    """One verifier and drafter pair per compile setting, kept in `models` so graphs are captured once."""
+    key = ("graphs", compile_blocks)
+    if key not in models:
+        n = cache_len(models, args)
+        models[key] = (GraphVerifier(models["target"], compile_blocks, n),
+                       GraphDrafter(models["draft"], models["target"].config.vocab_size, compile_blocks, n))
+    return models[key]
+
+
+def dfvg_runner(verifier, drafter, k: int, n: int, loop: str = "fast"):
+    if loop == "fast":
+        fast = FastGreedy(verifier, drafter, k)
+        return lambda ids: _out(fast.generate(ids, n))
+    return lambda ids: _out(generate(verifier, ids, n, drafter=drafter, draft_length=k))
+
+
+def _out(result):
+    return result.tokens, {**result.stats(), "per_position_acceptance": None}
+
+
+def prefix_match(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def phase_check(args, models) -> dict:
+    """Token match on 2 prompts x 32 tokens: HF greedy vs DFVG eager vs graph paths; logits difference."""
+    n, prompts = 32, models["prompts"][:2]
+    hf = models["hf_target"]
+    eager = TorchVerifier(models["target"])
+    verifier, drafter = graph_pair(args, models, not args.no_compile)
+    rows = []
+    for p in prompts:
+        ids = p["ids"]
+        ref = hf_generate(hf, None, 0, n, args.device)(ids)[0]
+        out = {"hf": ref, "dfvg_eager": generate(eager, ids, n).tokens,
+               "dfvg_eager_spec_k4": generate(eager, ids, n, drafter=TorchDrafter(models["draft"]),
+                                              draft_length=4).tokens,
+               "graph_plain": FastGreedy(verifier, None, 0).generate(ids, n).tokens,
+               "graph_fast_k4": FastGreedy(verifier, drafter, 4).generate(ids, n).tokens,
+               "graph_loop_k4": generate(verifier, ids, n, drafter=drafter, draft_length=4).tokens}
+        rows.append({"id": p["id"], **{k: prefix_match(v, ref) for k, v in out.items()}})
+    with torch.inference_mode():
+        ids = torch.tensor([prompts[0]["ids"]], device=args.device)
+        pos = torch.arange(ids.shape[1], device=args.device)
+        models["target"].setup_cache(1, verifier.gm.cache_len)
+        ref_logits = models["target"](ids, pos[None])[0].float()
+        verifier.gm.ensure_cache(verifier.gm.cache_len - 32)
+        got = verifier.gm.forward(ids, pos).float()
+    rel = ((got - ref_logits).norm() / ref_logits.norm()).item()
+    print(f"  prefix match with HF greedy (of {n}): {rows}\n  graph-forward vs eager logits rel. diff {rel:.2e}")
+    return {"tokens": n, "prefix_match_vs_hf": rows, "graph_vs_eager_logits_rel_diff": rel}
+
+
+def step_times(verifier: GraphVerifier, drafter: GraphDrafter, k_values: list[int], reps: int = 50) -> dict:
+    """Median CUDA-event time of one graph replay: target T=1, target T=k+1, draft k-step block."""
+    def timed(graph) -> float:
+        times = []
+        for _ in range(reps):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(begin.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
+    start = verifier.gm.scratch_pos - 40
+    out = {"target_T1_ms": timed(token_graph(verifier.gm, [0], start, False).graph)}
+    for k in k_values:
+        out[f"target_T{k + 1}_ms"] = timed(token_graph(verifier.gm, [0] * (k + 1), start, False).graph)
+        out[f"draft_k{k}_ms"] = timed(draft_graph(drafter.gm, k, verifier.vocab_size).graph)
+        out[f"draft_over_target_k{k}"] = out[f"draft_k{k}_ms"] / out[f"target_T{k + 1}_ms"]
+    return out
+
+
+def phase_dfvg(args, models) -> dict:
+    """DFVG plain and speculative (GPU draft), fused device loop; generic loop at k=4; graphs w/o compile."""
+    n, prompts, dev = args.max_new_tokens, models["prompts"], args.device
+    verifier, drafter = graph_pair(args, models, not args.no_compile)
+    start = time.perf_counter()
+    FastGreedy(verifier, None, 0).generate(prompts[0]["ids"], 4)
+    runs = {"compile_and_capture_plain_s": time.perf_counter() - start}
+    runs["dfvg_plain"] = timed_runs("dfvg plain (graph)", prompts, dfvg_runner(verifier, None, 0, n), dev)
+    for k in ks(args):
+        runs[f"dfvg_spec_k{k}"] = timed_runs(f"dfvg spec gpu-draft k={k}", prompts,
+                                             dfvg_runner(verifier, drafter, k, n), dev)
+    runs["dfvg_loop_k4"] = timed_runs("dfvg generic loop k=4", prompts,
+                                      dfvg_runner(verifier, drafter, 4, n, "loop"), dev)
+    runs["step_times"] = step_times(verifier, drafter, ks(args))
+    print(f"  step times {runs['step_times']}", flush=True)
+    if not args.no_compile:
+        plain_verifier, _ = graph_pair(args, models, False)
+        runs["dfvg_plain_nocompile"] = timed_runs("dfvg plain (graph, no compile)", prompts,
+                                                  dfvg_runner(plain_verifier, None, 0, n), dev)
+    eager = TorchVerifier(models["target"])
+    runs["dfvg_plain_eager"] = timed_runs("dfvg plain (eager, 3 prompts)", prompts[:3],
+                                          lambda ids: _out(generate(eager, ids, n)), dev)
+    return runs
+
+
+def hf_config(model, n: int):
+    cfg = copy.deepcopy(model.generation_config)
+    cfg.max_new_tokens, cfg.min_new_tokens, cfg.do_sample = n, None, False
+    cfg.temperature = cfg.top_p = cfg.top_k = None
+    cfg.eos_token_id, cfg.pad_token_id = None, 0  # fixed-length runs: EOS does not stop
+    return cfg
+
+
+def hf_generate(model, assistant, k: int, n: int, device: str, **extra):
+    cfg = hf_config(model, n)
+    kwargs = dict(extra)
+    if assistant is not None:
+        a = assistant.generation_config
+        a.num_assistant_tokens, a.num_assistant_tokens_schedule = k, "constant"
+        a.assistant_confidence_threshold = 0.0
+        cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = k, "constant"
+        kwargs["assistant_model"] = assistant
+
+    @torch.inference_mode()
+    def run(ids: list[int]):
+        x = torch.tensor([ids], device=device)
+        out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=cfg, **kwargs)
+        return out[0, len(ids):].tolist(), None
+
+    return run
+
+
+def phase_hf_eager(args, models) -> dict:
+    run = hf_generate(models["hf_target"], None, 0, args.max_new_tokens, args.device)
+    run(models["prompts"][0]["ids"][:64])  # short warm-up
+    return {"hf_eager": timed_runs("hf generate() eager", models["prompts"], run, args.device, warm=False)}
+
+
+def phase_hf_assist(args, models) -> dict:
+    out = {}
+    for k in ks(args):
+        run = hf_generate(models["hf_target"], models["hf_draft"], k, args.max_new_tokens, args.device)
+        run(models["prompts"][0]["ids"][:64])
+        out[f"hf_assist_k{k}"] = timed_runs(f"hf assisted k={k}", models["prompts"], run, args.device, warm=False)
+    return out
+
+
+def phase_hf_static(args, models) -> dict:
+    """HF's documented fast path: a StaticCache of fixed length (one shape) and generate()'s auto-compile."""
+    from transformers import StaticCache
+
+    model = models["hf_target"]
+    cache = StaticCache(config=model.config, max_cache_len=cache_len(models, args))
+    run_inner = hf_generate(model, None, 0, args.max_new_tokens, args.device, past_key_values=cache)
+
+    def run(ids):
+        with torch.inference_mode():  # the cache's tensors were made under inference mode
+            cache.reset()
+        return run_inner(ids)
+
+    start = time.perf_counter()
+    run(models["prompts"][0]["ids"])
+    run(models["prompts"][1]["ids"])
+    warm_s = time.perf_counter() - start
+    result = timed_runs("hf static cache + compile", models["prompts"], run, args.device, warm=False)
+    return {"hf_static_compile": result, "warmup_compile_s": warm_s,
+            "compiled": hasattr(model, "_compiled_call") and model._compiled_call is not None}
+
+
+def fpga_drafter(args, models):
+    from dfvg.fpga.drafter import FpgaDrafter
+
+    draft_dir = Path(args.work_dir) / "draft"
+    if args.tiny:
+        draft_dir = Path(tempfile.mkdtemp()) / "draft"
+        models["hf_draft"].save_pretrained(draft_dir)
+    return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=models["target"].config.vocab_size,
+                                       device=args.device, artifact_dir=Path(args.work_dir) / "fpga_artifact")
+
+
+def phase_fpga(args, models) -> dict:
+    """FPGA-emulated draft (integer datapath on this GPU): sync loop, projection with the board model, overlap."""
+    n, dev, k = args.max_new_tokens, args.device, 4
+    prompts = models["prompts"][: max(3, args.prompts // 4)]
+    verifier, _ = graph_pair(args, models, not args.no_compile)
+    start = time.perf_counter()
+    drafter = fpga_drafter(args, models)
+    out = {"fpga_build_s": time.perf_counter() - start, "fpga_prompts": len(prompts), "k": k}
+    out["fpga_sync_k4"] = timed_runs("fpga-emulated sync k=4", prompts, dfvg_runner(verifier, drafter, k, n, "loop"),
+                                     dev)
+    try:
+        from dfvg.host.pipeline import run_pipeline
+    except ImportError as exc:
+        out["overlap_skipped"] = str(exc)
+        return out
+    out["fpga_overlap_k4"] = timed_runs(
+        "fpga-emulated overlap k=4", prompts,
+        lambda ids: _out(run_pipeline(verifier, drafter, ids, n, draft_length=k, mode="overlap")), dev)
+    sync(dev)
+    return out

@@ -1,0 +1,235 @@
+"""DFVG on the GPU against Hugging Face generate() and assisted generation, in one process per phase.
+
+    python benchmarks/gpu_speed.py --phases check,dfvg,hf_eager,hf_assist,hf_static,fpga,report \
+        --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --results /root/res
+    python benchmarks/gpu_speed.py --tiny --device cpu --phases check,dfvg,hf_eager,hf_assist,report  # smoke
+    python benchmarks/gpu_speed.py --write-prompts .chunks/prompts.json   # tokenize HumanEval here (CPU)
+
+Greedy, batch 1, bf16 on CUDA, fixed `--max-new-tokens` per prompt (EOS does not stop any variant, so every
+variant produces the same number of tokens and token-match rates compare like with like). Each variant is
+warmed up on the first prompt (compilation, graph capture), then timed per prompt with the device
+synchronized around it; the JSON keeps every per-prompt wall time and token list. Phases write
+`<results>/<phase>.json` so a long run can be split across processes; `report` merges them into
+`gpu_speed.json` and prints the table. Every number is `measured` on the machine named in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu_report import report  # noqa: E402
+from dfvg.checkpoint import config_from_dict, convert_state_dict  # noqa: E402
+from dfvg.model import Transformer  # noqa: E402
+
+TARGET_GGUF, DRAFT_GGUF = "qwen2.5-coder-1.5b-instruct.gguf", "qwen2.5-coder-0.5b-instruct.gguf"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--phases", default="check,dfvg,hf_eager,hf_assist,report")
+    p.add_argument("--gguf-dir", default="/root/gguf")
+    p.add_argument("--work-dir", default="/root/w", help="bf16 HF copies are cached here after conversion")
+    p.add_argument("--prompts-file", default=str(ROOT / ".chunks/prompts.json"))
+    p.add_argument("--prompts", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--ks", default="2,4,6,8")
+    p.add_argument("--results", default="/root/res")
+    p.add_argument("--out", default=None, help="also copy the JSON files here (the device's $OUT)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="random tiny Qwen2 pair (smoke test of this script)")
+    p.add_argument("--no-compile", action="store_true", help="graphs over eager kernels only")
+    p.add_argument("--write-prompts", default=None)
+    return p.parse_args(argv)
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def env_info(device: str) -> dict:
+    info = {"python": platform.python_version(), "torch": torch.__version__, "date_utc": time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.gmtime()), "device": device}
+    import transformers
+
+    info["transformers"] = transformers.__version__
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if torch.device(device).type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem",
+                              "--format=csv,noheader"], capture_output=True, text=True)
+        info["nvidia_smi"] = smi.stdout.strip()
+    return info
+
+
+def write_prompts(path: str, count: int = 164) -> None:
+    """Tokenize HumanEval prompts with the target's tokenizer (raw prompt text, as benchmarks/cpu_pair.py)."""
+    from dfvg.datasets import load_humaneval
+    from dfvg.tokenizer import encode, load_tokenizer
+
+    tokenizer = load_tokenizer(ROOT / "models/qwen2.5-coder-1.5b-instruct")
+    rows = [{"id": t["id"], "ids": encode(tokenizer, t["prompt"])} for t in load_humaneval(limit=count)]
+    Path(path).write_text(json.dumps(rows))
+    print(f"wrote {len(rows)} prompts to {path}; lengths {min(len(r['ids']) for r in rows)}.."
+          f"{max(len(r['ids']) for r in rows)}")
+
+
+def hf_from_gguf(args, name: str, tag: str):
+    """HF model in bf16 on the device: from the work-dir copy, else converted from the GGUF (then saved)."""
+    from transformers import AutoModelForCausalLM
+
+    saved = Path(args.work_dir) / tag
+    if (saved / "config.json").is_file():
+        model = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.bfloat16)
+    else:
+        start = time.perf_counter()
+        model = AutoModelForCausalLM.from_pretrained(args.gguf_dir, gguf_file=name, dtype=torch.float32)
+        model = model.to(torch.bfloat16)
+        try:
+            model.save_pretrained(saved)
+        except ValueError as exc:  # transformers refuses to save some GGUF-loaded models
+            print(f"[{tag}] not cached ({str(exc).splitlines()[0][:120]})", flush=True)
+        print(f"[{tag}] converted {name} in {time.perf_counter() - start:.1f} s", flush=True)
+    return model.to(args.device).eval().requires_grad_(False)
+
+
+def hf_tiny(seed: int, device: str, **overrides):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.05,
+               tie_word_embeddings=True)
+    cfg.update(overrides)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**cfg), dtype=torch.bfloat16)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def dfvg_from_hf(hf) -> Transformer:
+    """DFVG's Transformer sharing the HF model's tensors (fused q/k/v and gate/up are new tensors)."""
+    from dfvg.download import _hf_config
+
+    cfg = config_from_dict(_hf_config(hf))
+    state = convert_state_dict(dict(hf.state_dict()), cfg)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.load_state_dict(state, strict=True, assign=True)
+    if cfg.tie_word_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    return model.eval().requires_grad_(False)
+
+
+def load_models(args) -> dict:
+    if args.tiny:
+        target = hf_tiny(1, args.device)
+        draft = hf_tiny(2, args.device, hidden_size=64, num_hidden_layers=1, intermediate_size=128)
+        prompts = [{"id": f"tiny/{i}", "ids": torch.randint(0, 512, (20 + 7 * i,)).tolist()} for i in range(6)]
+    else:
+        draft = hf_from_gguf(args, DRAFT_GGUF, "draft")
+        target = hf_from_gguf(args, TARGET_GGUF, "target")
+        prompts = json.loads(Path(args.prompts_file).read_text())
+    prompts = prompts[: args.prompts]
+    return {"hf_target": target, "hf_draft": draft, "target": dfvg_from_hf(target).to(args.device),
+            "draft": dfvg_from_hf(draft).to(args.device), "prompts": prompts}
+
+
+def weight_bytes(model: Transformer) -> int:
+    """Bytes a decode step must read: every weight once; an untied embedding table only by one row."""
+    seen, total = set(), 0
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        if name == "tok_embeddings.weight" and not model.config.tie_word_embeddings:
+            continue
+        total += p.numel() * p.element_size()
+    return total
+
+
+def timed_runs(name: str, prompts: list[dict], run_one, device: str, warm: bool = True) -> dict:
+    """Warm up on prompt 0, then time each prompt; run_one(ids) -> (tokens, stats dict or None)."""
+    if warm:
+        run_one(prompts[0]["ids"])
+    walls, tokens, stats = [], [], []
+    for prompt in prompts:
+        sync(device)
+        start = time.perf_counter()
+        out, st = run_one(prompt["ids"])
+        sync(device)
+        walls.append(time.perf_counter() - start)
+        tokens.append(out)
+        stats.append(st)
+    n = sum(len(t) for t in tokens)
+    ms_tok = [1000 * w / max(1, len(t)) for w, t in zip(walls, tokens)]
+    print(f"  {name:<28} {n / sum(walls):9.1f} tok/s  median {statistics.median(ms_tok):7.3f} ms/token",
+          flush=True)
+    return {"name": name, "walls_s": walls, "tokens": tokens, "stats": stats, "new_tokens": n,
+            "tokens_per_s": n / sum(walls), "median_ms_per_token": statistics.median(ms_tok),
+            "provenance": "measured"}
+
+
+def save(args, phase: str, payload: dict) -> None:
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(payload)
+    (results / f"{phase}.json").write_text(text)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"{phase}.json").write_text(text)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.write_prompts:
+        write_prompts(args.write_prompts)
+        return 0
+    from benchmarks import gpu_phases
+
+    phases = args.phases.split(",")
+    models = None
+    for phase in phases:
+        if phase == "report":
+            continue
+        if models is None:
+            models = load_models(args)
+        start = time.perf_counter()
+        print(f"== phase {phase}", flush=True)
+        try:
+            payload = getattr(gpu_phases, f"phase_{phase}")(args, models)
+        except Exception as exc:  # a failing phase is recorded, the others still run
+            import traceback
+
+            traceback.print_exc()
+            payload = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        payload.update(env=env_info(args.device), phase_s=time.perf_counter() - start,
+                       command=" ".join(sys.argv))
+        if models is not None:
+            payload["weight_bytes"] = {"target": weight_bytes(models["target"]),
+                                       "draft": weight_bytes(models["draft"])}
+        save(args, phase, payload)
+    if "report" in phases:
+        merged = report(Path(args.results))
+        if args.out:
+            (Path(args.out) / "gpu_speed.json").write_text(json.dumps(merged, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Distillation data: which prompts, the held-out split, and the teacher cache on disk.
+
+What this module owns: turning `--prompts humaneval,sharegpt:2000,file.jsonl` into token ids (raw
+encoding, as `dfvg generate` and the benchmarks feed prompts), the deterministic train / held-out split,
+and `teacher.safetensors` + `teacher.json`: the target's continuations and top-k probabilities, reused
+when the recipe that produced them (target, prompts, lengths, sampling, seed) is unchanged. Generation
+itself is teacher.py's.
+
+The split hashes each prompt's source and id (never the training seed), so the held-out set of a prompt
+set is the same for every draft trained on it, and the eval can compare drafts on identical prompts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from dfvg.checkpoint import read_json, safetensors_files
+from dfvg.datasets import load_prompts
+from dfvg.distill.teacher import TeacherSequence
+from dfvg.errors import UserError
+from dfvg.tokenizer import encode
+
+SPLIT_SALT = "dfvg-distill-split-v1"
+TEACHER_FILE, TEACHER_META = "teacher.safetensors", "teacher.json"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    key: str  # "source/id", unique across sources
+    ids: list[int]
+
+
+def parse_sources(text: str) -> list[tuple[str, int | None]]:
+    """`humaneval,sharegpt:2000` -> [("humaneval", None), ("sharegpt", 2000)]."""
+    sources = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, limit = part.rpartition(":")
+        if not (sep and limit.isdigit()):
+            name, limit = part, ""
+        sources.append((name, int(limit) if limit else None))
+    if not sources:
+        raise UserError("--prompts is empty; give e.g. humaneval,sharegpt:2000 or a prompt file")
+    return sources
+
+
+def load_prompt_ids(text: str, tokenizer, max_prompt_tokens: int) -> list[Prompt]:
+    """Every source's prompts, raw-encoded, keeping the last max_prompt_tokens ids (the end is what a
+    continuation depends on most)."""
+    prompts: list[Prompt] = []
+    for name, limit in parse_sources(text):
+        for record in load_prompts(name, limit):
+            ids = encode(tokenizer, record["prompt"])[-max_prompt_tokens:]
+            prompts.append(Prompt(f"{Path(name).name}/{record['id']}", ids))
+    keys = [p.key for p in prompts]
+    if len(set(keys)) != len(keys):
+        raise UserError("--prompts names the same prompt twice; list each source once")
+    return prompts
+
+
+def is_held_out(key: str, fraction: float) -> bool:
+    """Deterministic split: sha256 of (salt, key) as a uniform number in [0, 1) below `fraction`."""
+    digest = hashlib.sha256(f"{SPLIT_SALT}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def split(prompts: list[Prompt], fraction: float) -> tuple[list[Prompt], list[Prompt]]:
+    """(train, held_out); refuses a split that leaves either side empty."""
+    if not 0 < fraction < 1:
+        raise UserError(f"--heldout-fraction must be in (0, 1), got {fraction}")
+    held = [p for p in prompts if is_held_out(p.key, fraction)]
+    train = [p for p in prompts if not is_held_out(p.key, fraction)]
+    if not held or not train:
+        raise UserError(f"{len(prompts)} prompts split into {len(train)} train / {len(held)} held-out; "
+                        "give more prompts or another --heldout-fraction")
+    return train, held
+
+
+def target_fingerprint(target_dir: str | Path) -> dict:
+    """What the teacher data came from: the target's config.json hash and weight bytes."""
+    directory = Path(target_dir).resolve()
+    config_sha = hashlib.sha256((directory / "config.json").read_bytes()).hexdigest()
+    return {"config_sha256": config_sha, "weights_bytes": sum(f.stat().st_size for f in safetensors_files(directory))}
+
+
+def prompts_sha(prompts: list[Prompt]) -> str:
+    return hashlib.sha256(json.dumps([[p.key, p.ids] for p in prompts]).encode()).hexdigest()
+
+
+def save_teacher(directory: Path, sequences: list[TeacherSequence], recipe: dict) -> None:
+    """Flat tensors (all sequences concatenated, with offsets) + the recipe that produced them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tokens = [torch.tensor(s.prompt + s.continuation, dtype=torch.int32) for s in sequences]
+    tensors = {
+        "tokens": torch.cat(tokens),
+        "seq_lens": torch.tensor([len(t) for t in tokens], dtype=torch.int64),
+        "prompt_lens": torch.tensor([len(s.prompt) for s in sequences], dtype=torch.int64),
+        "topk_ids": torch.cat([s.topk_ids for s in sequences]).to(torch.int32),
+        "topk_probs": torch.cat([s.topk_probs for s in sequences]).to(torch.float16),
+    }
+    save_file(tensors, str(directory / TEACHER_FILE))
+    (directory / TEACHER_META).write_text(json.dumps(recipe, indent=1))
+
+
+def load_teacher(directory: Path, recipe: dict) -> list[TeacherSequence] | None:
+    """The cached sequences when their recipe equals `recipe`, else None (generate them again)."""
+    if not (directory / TEACHER_FILE).is_file() or not (directory / TEACHER_META).is_file():
+        return None
+    if read_json(directory / TEACHER_META, "teacher cache meta") != recipe:
+        return None
+    t = load_file(str(directory / TEACHER_FILE))
+    seq_starts = torch.cumsum(t["seq_lens"], 0) - t["seq_lens"]
+    cont_lens = t["seq_lens"] - t["prompt_lens"]
+    cont_starts = torch.cumsum(cont_lens, 0) - cont_lens
+    out = []
+    for s, n, p, c, m in zip(seq_starts.tolist(), t["seq_lens"].tolist(), t["prompt_lens"].tolist(),
+                             cont_starts.tolist(), cont_lens.tolist(), strict=True):
+        ids = t["tokens"][s : s + n].tolist()
+        out.append(TeacherSequence(ids[:p], ids[p:], t["topk_ids"][c : c + m], t["topk_probs"][c : c + m].float()))
+    return out

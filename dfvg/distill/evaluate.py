@@ -1,0 +1,71 @@
+"""Greedy acceptance of a draft on held-out target continuations, from one teacher-forced pass.
+
+What this module owns: the exact shortcut that turns "does the draft's argmax equal the target's token at
+each position of the target's greedy continuation" into the steps `dfvg.generate` would take, and the
+canonical metrics of those steps (dfvg/stats.py). What it does not own: real speculative runs (the H200
+recipe also runs `dfvg.generate` end to end as a cross-check).
+
+Why it is exact under greedy decoding: speculative output equals the target's greedy continuation c
+(lossless), and a block starting after committed prefix c[:j] drafts c[j] first; while the drafts match,
+the draft conditions on exactly the prefix teacher forcing gives it. So a block accepts the run of
+matches m[j], m[j+1], ... capped at its draft length, then commits one more token.
+Example: matches [1, 1, 0, 1, 1, 1, 1], k = 2, 7 tokens: step 1 at j=0 accepts 2 (+1 bonus) -> j=3;
+step 2 accepts 2 -> j=6; step 3 drafts min(2, 7-6-1) = 0 -> j=7. Steps (2, 2), (2, 2), (0, 0).
+The one inexact case is the last block of an EOS-ended continuation that runs past the EOS (the data
+has no tokens beyond it); a sequence that ends by length is exact.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dfvg.distill.teacher import TeacherSequence
+from dfvg.distill.train import make_batch
+from dfvg.model import Transformer
+from dfvg.stats import StepRecord, acceptance_rate, mean_accepted_length, per_position_acceptance
+
+
+@torch.no_grad()  # not inference_mode: its cache tensors would break a later eager prefill
+def greedy_matches(model: Transformer, sequences: list[TeacherSequence], batch_size: int = 8) -> list[Tensor]:
+    """Per sequence, bool [n]: the draft's greedy token (teacher forced) equals continuation[i]."""
+    device = model.tok_embeddings.weight.device
+    out = []
+    for start in range(0, len(sequences), batch_size):
+        chunk = sequences[start : start + batch_size]
+        ids, positions, mask, _, _ = make_batch(chunk, device)
+        model.setup_cache(ids.shape[0], ids.shape[1])
+        predicted = model(ids, positions)[mask].argmax(-1).cpu()  # [N] in (b, t) order
+        offset = 0
+        for seq in chunk:
+            n = len(seq.continuation)
+            out.append(predicted[offset : offset + n] == torch.tensor(seq.continuation))
+            offset += n
+    return out
+
+
+def block_steps(matches: Tensor, k: int, max_new_tokens: int | None = None) -> list[StepRecord]:
+    """The steps `generate(..., draft_length=k)` takes over a continuation with these draft matches."""
+    flags = matches.tolist()
+    total = len(flags) if max_new_tokens is None else max_new_tokens
+    steps, j = [], 0
+    while j < len(flags):
+        step_k = max(0, min(k, total - j - 1))
+        accepted = 0
+        while accepted < step_k and j + accepted < len(flags) and flags[j + accepted]:
+            accepted += 1
+        steps.append(StepRecord(step_k, accepted))
+        j += accepted + 1
+    return steps
+
+
+def acceptance_table(matches: list[Tensor], ks: list[int], max_new_tokens: int | None = None) -> dict[int, dict]:
+    """For each k: acceptance rate, mean accepted length (bonus counted), per-position acceptance."""
+    table = {}
+    for k in ks:
+        steps = [s for m in matches for s in block_steps(m, k, max_new_tokens)]
+        table[k] = {"acceptance_rate": acceptance_rate(steps), "mean_accepted_length": mean_accepted_length(steps),
+                    "mean_accepted_length_counts_bonus": True, "num_verify_steps": len(steps),
+                    "per_position_acceptance": per_position_acceptance(steps),
+                    "token_match_rate": float(torch.cat(matches).float().mean()) if matches else 0.0}
+    return table

@@ -1,0 +1,185 @@
+"""One distillation run, end to end: prompts -> teacher data -> head vocabulary -> draft -> train -> eval -> save.
+
+What this module owns: the run's options (`DistillOptions`, checked in one line each), the order of the
+stages and what the recipe file records. Every stage is another module's: data.py / teacher.py (the
+target's continuations, cached), vocab.py, train.py, evaluate.py, export.py, sizing.py. The script
+`scripts/distill_draft.py` only parses flags into `DistillOptions` and prints the summary.
+
+Held-out prompts never reach training: neither their continuations nor their tokens' counts (the head
+vocabulary is chosen from training continuations only). Their continuations are always greedy, because
+the acceptance shortcut of evaluate.py is exact for greedy decoding.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from dfvg.checkpoint import checkpoint_dir, config_from_dict, load_config, load_model, read_json, safetensors_files
+from dfvg.devices import resolve_device
+from dfvg.distill import data, evaluate, export, sizing, teacher, train, vocab
+from dfvg.errors import UserError
+from dfvg.sampling import SamplingParams
+from dfvg.stats import Metric
+from dfvg.tokenizer import eos_token_ids, load_tokenizer
+
+INITS = ("target-pca", "random")
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    target: str
+    output: str
+    layers: int = 2
+    hidden: int = 256
+    heads: int = 0
+    kv_heads: int = 0
+    intermediate: int = 0
+    vocab_top: int = 0  # 0 = full-vocabulary head
+    steps: int = 200
+    batch_size: int = 8
+    lr: float = 1e-3
+    seed: int = 0
+    device: str = "cpu"
+    prompts: str = "humaneval"
+    heldout_fraction: float = 0.25
+    max_prompt_tokens: int = 256
+    max_new_tokens: int = 128
+    teacher_top_k: int = 32
+    teacher_temperature: float = 0.0
+    teacher_batch: int = 16
+    teacher_dtype: str = ""  # "" = bfloat16 on cuda, float32 on cpu
+    init: str = "target-pca"
+    eval_ks: tuple[int, ...] = (2, 4, 6, 8)
+    board: str = "u280"
+    verify_ms: float | None = None
+    teacher_cache: str = ""  # "" = <output>/teacher
+
+    def check(self) -> None:
+        if self.vocab_top < 0 or self.teacher_top_k < 1 or self.max_new_tokens < 2 or self.max_prompt_tokens < 1:
+            raise UserError("need --vocab-top >= 0, --teacher-top-k >= 1, --max-new-tokens >= 2, "
+                            "--max-prompt-tokens >= 1")
+        if self.init not in INITS:
+            raise UserError(f"--init must be one of {', '.join(INITS)}, got {self.init!r}")
+        if self.teacher_batch < 1 or not self.eval_ks or min(self.eval_ks) < 1:
+            raise UserError("need --teacher-batch >= 1 and --eval-k values >= 1")
+        if self.verify_ms is not None and not self.verify_ms > 0:
+            raise UserError(f"--verify-ms must be > 0, got {self.verify_ms}")
+        SamplingParams(self.teacher_temperature)  # its own one-line check
+        train.TrainParams(self.steps, self.batch_size, self.lr, seed=self.seed).check()
+        export.DraftShape(self.layers, self.hidden, self.heads, self.kv_heads, self.intermediate,
+                          self.vocab_top or None).resolved()
+
+
+def teacher_sequences(opts: DistillOptions, prompts: list[data.Prompt], temperature: float, part: str,
+                      loaded: dict, log) -> list[teacher.TeacherSequence]:
+    """The target's continuations of `prompts`, from the cache when its recipe matches, else generated."""
+    directory = Path(opts.teacher_cache or Path(opts.output) / "teacher") / part
+    recipe = {"target": data.target_fingerprint(opts.target), "prompts_sha256": data.prompts_sha(prompts),
+              "max_new_tokens": opts.max_new_tokens, "top_k": opts.teacher_top_k, "temperature": temperature,
+              "seed": opts.seed, "dtype": teacher_dtype(opts), "batch": opts.teacher_batch}
+    cached = data.load_teacher(directory, recipe)
+    if cached is not None:
+        log(f"teacher: reusing {len(cached)} cached {part} continuations from {directory}")
+        return cached
+    if "model" not in loaded:
+        device = resolve_device(opts.device)
+        loaded["model"] = load_model(opts.target, dtype=getattr(torch, teacher_dtype(opts)), device=device)
+    sequences = teacher.generate_all(loaded["model"], [p.ids for p in prompts], opts.max_new_tokens,
+                                     set(eos_token_ids(opts.target)), opts.teacher_top_k,
+                                     SamplingParams(temperature), opts.seed, opts.teacher_batch, log)
+    data.save_teacher(directory, sequences, recipe)
+    return sequences
+
+
+def teacher_dtype(opts: DistillOptions) -> str:
+    if opts.teacher_dtype:
+        if opts.teacher_dtype not in ("float32", "bfloat16"):
+            raise UserError(f"--teacher-dtype must be float32 or bfloat16, got {opts.teacher_dtype!r}")
+        return opts.teacher_dtype
+    return "bfloat16" if resolve_device(opts.device).type == "cuda" else "float32"
+
+
+def target_end_tensors(target_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's embedding and LM head [V, Dt] in float32 (read alone, not the whole model)."""
+    found = {}
+    for file in safetensors_files(Path(target_dir)):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in ("model.embed_tokens.weight", "lm_head.weight"):
+                if name in handle.keys():
+                    found[name] = handle.get_tensor(name).float()
+    embed = found["model.embed_tokens.weight"]
+    return embed, found.get("lm_head.weight", embed)
+
+
+def build(opts: DistillOptions, train_seqs, target_raw: dict):
+    """The untrained draft (seeded; PCA-initialised ends unless --init random), its config and head ids."""
+    target_cfg = load_config(opts.target)
+    shape = export.DraftShape(opts.layers, opts.hidden, opts.heads, opts.kv_heads, opts.intermediate,
+                              opts.vocab_top or None).resolved()
+    counts = vocab.count_tokens(s.continuation for s in train_seqs)
+    head_ids = None
+    if opts.vocab_top:
+        head_ids = vocab.choose_head_vocab(counts, opts.vocab_top, target_cfg.vocab_size, eos_token_ids(opts.target))
+    hf_config = export.draft_hf_config(target_cfg, target_raw, shape)
+    model = train.build_draft(config_from_dict(hf_config), head_ids, opts.seed)
+    if opts.init == "target-pca":
+        train.init_from_target(model, *target_end_tensors(opts.target))
+    return model, hf_config, head_ids, counts, shape
+
+
+def sizing_report(cfg, opts: DistillOptions, log) -> dict:
+    """Modeled U280 (or --board) fit and block time at int8 and int4, printed and returned for the recipe."""
+    verify = None if opts.verify_ms is None else Metric(opts.verify_ms / 1e3, "s", "assumed", "--verify-ms")
+    out = {}
+    for bits in (8, 4):
+        result = sizing.size_draft(cfg, bits, opts.board, k=max(opts.eval_ks), context_len=opts.max_prompt_tokens,
+                                   verify=verify)
+        for line in result.lines():
+            log(f"sizing: {line}")
+        out[f"int{bits}"] = {k: (v.to_dict() if isinstance(v, Metric) else v) for k, v in result.__dict__.items()}
+    return out
+
+
+def run(opts: DistillOptions, log=print) -> dict:
+    """Run every stage; write the draft to opts.output; return the summary (also in distill_recipe.json)."""
+    opts.check()
+    target_dir = checkpoint_dir(opts.target)
+    device = resolve_device(opts.device)
+    target_raw = read_json(target_dir / "config.json", "config.json")
+    prompts = data.load_prompt_ids(opts.prompts, load_tokenizer(target_dir), opts.max_prompt_tokens)
+    train_prompts, held_prompts = data.split(prompts, opts.heldout_fraction)
+    log(f"data: {len(train_prompts)} train / {len(held_prompts)} held-out prompts")
+    loaded: dict = {}
+    train_seqs = teacher_sequences(opts, train_prompts, opts.teacher_temperature, "train", loaded, log)
+    held_seqs = teacher_sequences(opts, held_prompts, 0.0, "heldout", loaded, log)
+    loaded.clear()
+    gc.collect()
+    model, hf_config, head_ids, counts, shape = build(opts, train_seqs, target_raw)
+    in_head = vocab.in_head_mask(head_ids, model.config.vocab_size, device)
+    model.to(device)
+    before = evaluate.acceptance_table(evaluate.greedy_matches(model, held_seqs), list(opts.eval_ks),
+                                       opts.max_new_tokens)
+    params = train.TrainParams(opts.steps, opts.batch_size, opts.lr, warmup=max(1, opts.steps // 20), seed=opts.seed)
+    losses = train.train(model, train_seqs, params, in_head, device, log)
+    after = evaluate.acceptance_table(evaluate.greedy_matches(model, held_seqs), list(opts.eval_ks),
+                                      opts.max_new_tokens)
+    for k in opts.eval_ks:
+        log(f"eval (measured, held-out, greedy, teacher-forced exact): k={k} acceptance "
+            f"{before[k]['acceptance_rate']:.3f} -> {after[k]['acceptance_rate']:.3f}, tau "
+            f"{after[k]['mean_accepted_length']:.2f}")
+    summary = {"options": asdict(opts), "shape": export.shape_dict(shape),
+               "train_prompts": [p.key for p in train_prompts],
+               "heldout_prompts": [p.key for p in held_prompts], "losses": losses,
+               "acceptance_before": before, "acceptance_after": after,
+               "head_coverage_of_train_tokens": vocab.coverage(counts, head_ids) if head_ids is not None else 1.0,
+               "sizing": sizing_report(model.config, opts, log)}
+    output = Path(opts.output)
+    export.save_draft(model.cpu(), output, hf_config, target_dir, summary)
+    if head_ids is not None:
+        vocab.save_vocab(output, head_ids, counts, f"continuations of {len(train_prompts)} training prompts")
+    return summary

@@ -1,0 +1,168 @@
+"""The distillation loop: a small draft learns the target's next-token distribution on its own continuations.
+
+What this module owns: building and initialising the draft (`build_draft`, optional PCA projection of the
+target's embedding and head), the loss (`distill_loss`), teacher-forced batches, and the seeded training
+loop. What it does not own: the data (data.py, teacher.py), the checkpoint folder (export.py).
+
+Why this loss: speculative decoding accepts a draft token with probability sum_x min(p(x), q(x)), which
+grows as q approaches p; forward KL(p || q) on the target's own continuations (DistillSpec's on-policy
+data, teacher forced) pushes q towards p where the target actually goes. The target's distribution is kept
+as its top-K ids and probabilities; everything else, and every top-K id outside the draft's head, is one
+"tail" bucket, so the loss is the exact KL between the two distributions coarsened to
+{top-K ids in the head} + {tail}: finite even though the draft gives ids outside its head probability 0.
+
+Training runs the draft's real `Transformer.forward` (the same code the drafters run), in float32 (TF32
+matmuls on a GPU); a fresh KV cache per step keeps autograd from reaching into the previous step's graph.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dfvg.distill.teacher import TeacherSequence
+from dfvg.errors import UserError
+from dfvg.model import ModelConfig, Transformer
+
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    steps: int = 200
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup: int = 20
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or not self.lr > 0 or self.warmup < 0:
+            raise UserError(f"need --steps >= 1, --batch-size >= 1, --lr > 0, warmup >= 0; got {self}")
+
+
+def build_draft(cfg: ModelConfig, head_ids: Tensor | None, seed: int) -> Transformer:
+    """A seeded random draft (normal(0, 0.02) matrices, zero biases, unit norms), on the CPU in float32."""
+    generator = torch.Generator().manual_seed(seed)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * INIT_STD)
+        if head_ids is not None:
+            model.head_token_ids.copy_(head_ids)
+    return model
+
+
+@torch.no_grad()
+def init_from_target(model: Transformer, embed: Tensor, head: Tensor) -> None:
+    """Start the draft's embedding and head as the target's [V, Dt] tensors projected on their shared top-D
+    principal directions (the draft then begins with the target's token geometry, not noise).
+
+    Rows are rescaled to the target's per-element RMS; the head keeps only the rows of the head's ids.
+    """
+    d = model.config.hidden_size
+    if d > embed.shape[1]:
+        raise UserError(f"--init target-pca needs --hidden <= the target's hidden size {embed.shape[1]}")
+    head_rows = head[model.head_token_ids.cpu()] if model.config.head_vocab_size else head
+    stacked = torch.cat([embed.float(), head_rows.float()])  # [V + Vh, Dt]
+    covariance = stacked.T @ stacked  # [Dt, Dt]
+    _, vectors = torch.linalg.eigh(covariance.double())
+    basis = vectors[:, -d:].flip(-1).float()  # [Dt, d], largest component first
+    for tensor, source in ((model.tok_embeddings.weight, embed.float()), (model.output.weight, head_rows.float())):
+        projected = source @ basis
+        tensor.copy_(projected * (source.pow(2).mean().sqrt() / projected.pow(2).mean().sqrt().clamp_min(1e-12)))
+
+
+def distill_loss(logits: Tensor, topk_ids: Tensor, topk_probs: Tensor, in_head: Tensor) -> Tensor:
+    """Mean over positions of KL(p || q) on {top-K ids the draft can propose} + {tail}.
+
+    logits [N, V] (the draft's, -inf outside its head); topk_ids [N, K] long; topk_probs [N, K]; in_head [V].
+    Example: p = (0.7 on a, 0.2 on b outside the head, 0.1 elsewhere): buckets {a: 0.7, tail: 0.3}.
+    """
+    log_q = torch.log_softmax(logits, dim=-1)  # [N, V]
+    valid = in_head[topk_ids]  # [N, K]
+    p = topk_probs * valid
+    log_q_top = torch.where(valid, log_q.gather(-1, topk_ids), torch.zeros((), device=logits.device))
+    p_tail = (1 - p.sum(-1)).clamp_min(0)
+    q_tail = (1 - (log_q_top.exp() * valid).sum(-1)).clamp_min(1e-9)
+    top = torch.where(valid, p * (torch.log(p.clamp_min(1e-12)) - log_q_top), torch.zeros((), device=logits.device))
+    tail = torch.where(p_tail > 0, p_tail * (torch.log(p_tail.clamp_min(1e-12)) - torch.log(q_tail)), 0.0)
+    return (top.sum(-1) + tail).mean()
+
+
+def make_batch(sequences: list[TeacherSequence], device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Teacher-forced inputs: ids, positions [B, T] (right-padded), loss mask [B, T], top-K ids/probs [N, K].
+
+    Sequence prompt + continuation of L + n ids feeds its first L + n - 1; the logits at position L - 1 + i
+    predict continuation[i], whose teacher row is topk[i]. Rows of the mask are taken in (b, t) order, the
+    order `logits[mask]` returns, so the teacher rows line up by concatenation.
+    """
+    lengths = [len(s.prompt) + len(s.continuation) - 1 for s in sequences]
+    width = max(lengths)
+    ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    mask = torch.zeros(len(sequences), width, dtype=torch.bool)
+    for b, (seq, length) in enumerate(zip(sequences, lengths, strict=True)):
+        ids[b, :length] = torch.tensor((seq.prompt + seq.continuation)[:-1])
+        mask[b, len(seq.prompt) - 1 : length] = True
+    positions = torch.arange(width)[None].expand_as(ids)
+    topk_ids = torch.cat([s.topk_ids for s in sequences]).long()
+    topk_probs = torch.cat([s.topk_probs for s in sequences]).float()
+    return tuple(t.to(device) for t in (ids, positions, mask, topk_ids, topk_probs))
+
+
+def teacher_forced_logits(model: Transformer, ids: Tensor, positions: Tensor) -> Tensor:
+    """Run the draft over whole sequences with a fresh cache: [B, T] -> logits [B, T, V] (float32)."""
+    model.max_batch = model.max_seq_len = 0  # force a fresh cache: no autograd history from the last step
+    model.setup_cache(ids.shape[0], ids.shape[1])
+    return model(ids, positions)
+
+
+def lr_at(step: int, params: TrainParams) -> float:
+    """Linear warmup, then cosine decay to 10% of the peak."""
+    if step < params.warmup:
+        return params.lr * (step + 1) / params.warmup
+    progress = (step - params.warmup) / max(1, params.steps - params.warmup)
+    return params.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def train(model: Transformer, data: list[TeacherSequence], params: TrainParams, in_head: Tensor,
+          device: torch.device, log=print, log_every: int = 10) -> list[float]:
+    """Seeded AdamW over shuffled epochs of `data`; returns the loss of every step."""
+    params.check()
+    if not data:
+        raise UserError("no training sequences (every prompt was held out?)")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    generator = torch.Generator().manual_seed(params.seed)
+    model.to(device).train().requires_grad_(True)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    other = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": params.weight_decay},
+                                   {"params": other, "weight_decay": 0.0}], lr=params.lr, betas=(0.9, 0.95))
+    order, losses, start = [], [], time.perf_counter()
+    for step in range(params.steps):
+        if len(order) < params.batch_size:
+            order += torch.randperm(len(data), generator=generator).tolist()
+        batch, order = [data[i] for i in order[: params.batch_size]], order[params.batch_size :]
+        ids, positions, mask, topk_ids, topk_probs = make_batch(batch, device)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, params)
+        loss = distill_loss(teacher_forced_logits(model, ids, positions)[mask], topk_ids, topk_probs, in_head)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), params.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        if step % log_every == 0 or step == params.steps - 1:
+            log(f"train: step {step + 1}/{params.steps} loss {losses[-1]:.4f} ({time.perf_counter() - start:.1f} s)")
+    model.eval().requires_grad_(False)
+    return losses

@@ -1,0 +1,179 @@
+"""The device mapping YAML (`configs/device_config.yaml`) -> a frozen `DeviceConfig`, refusing mistakes in one line.
+
+Owns: which device drafts (`fpga`, `cpu`, `cuda:N`), which verifies (`cpu`, `cuda:N`), the pipeline schedule
+(`sync` | `overlap`), the FPGA options (board, emulate | xrt, xclbin, weight bits) and the optional adaptive
+draft-length options. Every key is checked against this machine: a `cuda:N` that is not here, an `xrt` mode
+without its xclbin file, an unknown key, each is refused with one line naming the key and what is allowed.
+
+Does not own: model paths and experiment knobs (`dfvg.host.experiment_config`), building drafters
+(`dfvg.drafter.make_drafter`), the adaptive policy itself (`dfvg.host.adaptive`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dfvg.devices import resolve_device
+from dfvg.errors import UserError
+
+PIPELINES = ("sync", "overlap")
+BOARDS = ("u280", "u55c", "u250", "v80")
+FPGA_MODES = ("emulate", "xrt")
+FPGA_BITS = (8, 4)
+
+
+@dataclass(frozen=True)
+class FpgaConfig:
+    """The FPGA draft engine: which board is modeled, emulated bit-exactly here or run through XRT."""
+
+    board: str = "u280"
+    mode: str = "emulate"
+    xclbin: str | None = None
+    bits: int = 8
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    """Adaptive draft length (dfvg.host.adaptive): k grows by `grow` after a fully accepted block, shrinks
+    by `shrink` after a rejection, within [k_min, k_max]; drafting stops early below `threshold` confidence."""
+
+    k_min: int = 1
+    k_max: int = 16
+    grow: int = 2
+    shrink: int = 1
+    threshold: float | None = None
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    draft: str = "cpu"  # "fpga" | "cpu" | "cuda:N"
+    verify: str = "cpu"  # "cpu" | "cuda:N"
+    pipeline: str = "sync"
+    fpga: FpgaConfig | None = None  # set when draft is fpga or the file has an fpga: section
+    adaptive: AdaptiveConfig | None = None  # None: fixed draft length
+    source: str = "<dict>"
+
+
+TOP_KEYS = ("draft", "verify", "pipeline", "fpga", "adaptive")
+
+
+def _fail(source: str, key: str, allowed: str, value: Any) -> UserError:
+    return UserError(f"{source}: {key} must be {allowed}, got {value!r}")
+
+
+def _device(value: Any, key: str, source: str, allow_fpga: bool) -> str:
+    """A device name that exists on this machine (resolve_device's refusal, prefixed with the key)."""
+    allowed = "fpga, cpu or cuda:N" if allow_fpga else "cpu or cuda:N"
+    if not isinstance(value, str):
+        raise _fail(source, key, allowed, value)
+    if allow_fpga and value == "fpga":
+        return value
+    if value == "fpga":
+        raise _fail(source, key, allowed + " (the FPGA only drafts)", value)
+    try:
+        return str(resolve_device(value))
+    except UserError as err:
+        raise UserError(f"{source}: {key}: {err}") from None
+
+
+def _choice(value: Any, key: str, options: tuple, source: str) -> Any:
+    if value not in options or isinstance(value, bool):
+        raise _fail(source, key, "one of " + ", ".join(map(str, options)), value)
+    return value
+
+
+def _int(value: Any, key: str, source: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _fail(source, key, f"an integer >= {minimum}", value)
+    return value
+
+
+def _section(raw: Any, cls: type, key: str, source: str) -> dict:
+    """The mapping under `key`, refusing unknown sub-keys."""
+    if not isinstance(raw, dict):
+        raise _fail(source, key, "a mapping of " + ", ".join(f.name for f in fields(cls)), raw)
+    allowed = [f.name for f in fields(cls)]
+    for sub in raw:
+        if sub not in allowed:
+            raise UserError(f"{source}: unknown key {key}.{sub} (allowed: {', '.join(allowed)})")
+    return raw
+
+
+def parse_fpga(raw: Any, source: str, base_dir: Path | None) -> FpgaConfig:
+    values = _section(raw, FpgaConfig, "fpga", source)
+    board = _choice(str(values.get("board", "u280")).lower(), "fpga.board", BOARDS, source)
+    mode = _choice(values.get("mode", "emulate"), "fpga.mode", FPGA_MODES, source)
+    bits = _choice(values.get("bits", 8), "fpga.bits", FPGA_BITS, source)
+    xclbin = values.get("xclbin")
+    if xclbin is not None:
+        if not isinstance(xclbin, str) or not xclbin.endswith(".xclbin"):
+            raise _fail(source, "fpga.xclbin", "a path to a .xclbin file", xclbin)
+        path = Path(xclbin).expanduser()
+        if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
+            path = base_dir / path
+        xclbin = str(path)
+    if mode == "xrt" and (xclbin is None or not Path(xclbin).is_file()):
+        raise UserError(f"{source}: fpga.mode xrt needs fpga.xclbin, an existing .xclbin file (got {xclbin!r}); "
+                        "build it with the Vivado flow in fpga/ or use mode: emulate")
+    return FpgaConfig(board, mode, xclbin, bits)
+
+
+def parse_adaptive(raw: Any, source: str) -> AdaptiveConfig:
+    values = _section({} if raw is True else raw, AdaptiveConfig, "adaptive", source)
+    k_min = _int(values.get("k_min", 1), "adaptive.k_min", source, 1)
+    k_max = _int(values.get("k_max", 16), "adaptive.k_max", source, k_min)
+    grow = _int(values.get("grow", 2), "adaptive.grow", source, 0)
+    shrink = _int(values.get("shrink", 1), "adaptive.shrink", source, 0)
+    threshold = values.get("threshold")
+    if threshold is not None:
+        ok = isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and math.isfinite(threshold)
+        if not ok or not 0 < threshold < 1:
+            raise _fail(source, "adaptive.threshold", "a number in (0, 1) or null", threshold)
+        threshold = float(threshold)
+    return AdaptiveConfig(k_min, k_max, grow, shrink, threshold)
+
+
+def build_device_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None) -> DeviceConfig:
+    """Validate a raw mapping into a DeviceConfig (devices checked against this machine)."""
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise UserError(f"{source}: unknown key {key!r} (allowed: {', '.join(TOP_KEYS)})")
+    draft = _device(raw.get("draft", "cpu"), "draft", source, allow_fpga=True)
+    verify = _device(raw.get("verify", "cpu"), "verify", source, allow_fpga=False)
+    pipeline = _choice(raw.get("pipeline", "sync"), "pipeline", PIPELINES, source)
+    fpga = None
+    if raw.get("fpga") is not None or draft == "fpga":
+        fpga = parse_fpga(raw.get("fpga") or {}, source, base_dir)
+    adaptive = None
+    if raw.get("adaptive") not in (None, False):
+        adaptive = parse_adaptive(raw["adaptive"], source)
+    return DeviceConfig(draft, verify, pipeline, fpga, adaptive, source)
+
+
+def read_mapping(path: Path) -> dict:
+    if not path.is_file():
+        raise UserError(f"device config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise UserError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must hold a YAML mapping (draft:, verify:, ...), got a {type(data).__name__}")
+    return data
+
+
+def load_device_config(source: str | Path | dict | DeviceConfig) -> DeviceConfig:
+    """A DeviceConfig from a YAML path or an already-parsed mapping (a DeviceConfig is returned as is)."""
+    if isinstance(source, DeviceConfig):
+        return source
+    if isinstance(source, dict):
+        return build_device_config(source)
+    path = Path(source)
+    return build_device_config(read_mapping(path), str(path), path.resolve().parent)

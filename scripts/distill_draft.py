@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""Distil a small, FPGA-sized draft from a target checkpoint (docs/distill.md).
+
+    python scripts/distill_draft.py --target models/qwen2.5-coder-1.5b-instruct --output models/draft-l4-d512 \
+        --layers 4 --hidden 512 --vocab-top 32768 --steps 2000 --device cuda --prompts humaneval,sharegpt:2000
+
+The target continues every prompt (teacher data, cached under <output>/teacher/), a seeded draft learns the
+target's top-k distribution on those continuations, its greedy acceptance is measured on held-out prompts
+only, and the draft is saved as a checkpoint DFVG loads (config.json + model.safetensors + tokenizer +
+draft_vocab.json + distill_recipe.json). The last line printed is one JSON object; sizing lines are modeled.
+A flag mistake is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dfvg.distill.pipeline import DistillOptions, run  # noqa: E402
+from dfvg.errors import UserError  # noqa: E402
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (like every other DFVG user error), exit 2."""
+
+    def error(self, message: str):
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: list[str] | None) -> DistillOptions:
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="target checkpoint directory")
+    p.add_argument("--output", required=True, help="where the draft checkpoint is written")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=0, help="0 = hidden // 64")
+    p.add_argument("--kv-heads", type=int, default=0, help="0 = heads // 4")
+    p.add_argument("--intermediate", type=int, default=0, help="0 = 3 x hidden")
+    p.add_argument("--vocab-top", type=int, default=0, help="LM head over the V most frequent target tokens; 0 = all")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (teacher generation and training)")
+    p.add_argument("--prompts", default="humaneval", help="comma list of humaneval, sharegpt or files, each [:N]")
+    p.add_argument("--heldout-fraction", type=float, default=0.25)
+    p.add_argument("--max-prompt-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--teacher-top-k", type=int, default=32)
+    p.add_argument("--teacher-temperature", type=float, default=0.0, help="0 = greedy training continuations")
+    p.add_argument("--teacher-batch", type=int, default=16)
+    p.add_argument("--teacher-dtype", default="", help="float32 or bfloat16 (default: bfloat16 on cuda)")
+    p.add_argument("--teacher-cache", default="", help="teacher data folder (default: <output>/teacher)")
+    p.add_argument("--init", default="target-pca", help="target-pca or random")
+    p.add_argument("--eval-k", default="2,4,6,8", help="draft lengths measured on the held-out prompts")
+    p.add_argument("--board", default="u280")
+    p.add_argument("--verify-ms", type=float, help="a target verify time to compare the modeled block with")
+    a = p.parse_args(argv)
+    try:
+        ks = tuple(int(k) for k in a.eval_k.split(",") if k.strip())
+    except ValueError:
+        p.error(f"--eval-k must be comma-separated integers, got {a.eval_k!r}")
+    return DistillOptions(
+        target=a.target, output=a.output, layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads,
+        intermediate=a.intermediate, vocab_top=a.vocab_top, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
+        seed=a.seed, device=a.device, prompts=a.prompts, heldout_fraction=a.heldout_fraction,
+        max_prompt_tokens=a.max_prompt_tokens, max_new_tokens=a.max_new_tokens, teacher_top_k=a.teacher_top_k,
+        teacher_temperature=a.teacher_temperature, teacher_batch=a.teacher_batch, teacher_dtype=a.teacher_dtype,
+        teacher_cache=a.teacher_cache, init=a.init, eval_ks=ks, board=a.board, verify_ms=a.verify_ms)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        summary = run(parse_args(argv), log=lambda line: print(line, flush=True))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    final = {k: summary[k] for k in ("shape", "acceptance_before", "acceptance_after", "head_coverage_of_train_tokens")}
+    final["final_loss"] = summary["losses"][-1]
+    final["sizing_modeled"] = {bits: {"fits_on_chip": s["fits_on_chip"], "block_ms": s["block_time"]["value"] * 1e3}
+                               for bits, s in summary["sizing"].items()}
+    print(json.dumps(final))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""Distilling an FPGA-sized draft (dfvg/distill/, scripts/distill_draft.py) on a tiny target, on CPU.
+
+The tiny target is a 1-layer qwen2 whose decoder layer is scaled down and LM head scaled up, so its greedy
+continuations are peaked and learnable by a 1-layer draft from a few thousand positions (a random
+full-strength tiny transformer is nearly unlearnable at this size, which would make the tests vacuous).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dfvg.checkpoint import load_model
+from dfvg.distill import data, evaluate, teacher, vocab
+from dfvg.distill.pipeline import DistillOptions, run
+from dfvg.drafter import TorchDrafter
+from dfvg.errors import UserError
+from dfvg.generate import generate
+from dfvg.sampling import SamplingParams
+from dfvg.verifier import TorchVerifier
+from tests.conftest import EOS_ID, build_tokenizer, hf_config
+
+VOCAB = 160
+HEAD = 96
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "distill_draft.py"
+
+
+def save_peaked_target(directory: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(
+        hf_config("qwen2", vocab_size=VOCAB, num_hidden_layers=1, initializer_range=0.3), dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight *= 4
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight *= 0.02
+            layer.mlp.down_proj.weight *= 0.02
+    model.save_pretrained(directory)
+    build_tokenizer(VOCAB).save(str(directory / "tokenizer.json"))
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_ID}))
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distill")
+    save_peaked_target(root / "target")
+    rng = random.Random(0)
+    prompts = [{"id": f"p{i}", "prompt": " ".join(f"w{rng.randrange(2, VOCAB)}" for _ in range(rng.randrange(3, 12)))}
+               for i in range(200)]
+    (root / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in prompts))
+    return root
+
+
+def options(root: Path, output: str, **overrides) -> DistillOptions:
+    base = dict(target=str(root / "target"), output=str(root / output), prompts=str(root / "prompts.jsonl"),
+                layers=1, hidden=32, vocab_top=HEAD, steps=100, max_new_tokens=24, lr=3e-3, init="random",
+                eval_ks=(2, 4), teacher_batch=64, teacher_cache=str(root / "teacher"))
+    return DistillOptions(**{**base, **overrides})
+
+
+@pytest.fixture(scope="module")
+def distilled(setup):
+    summary = run(options(setup, "draft"), log=lambda line: None)
+    return setup / "draft", summary
+
+
+def test_loss_decreases(distilled):
+    losses = distilled[1]["losses"]
+    assert sum(losses[-10:]) / 10 < 0.6 * sum(losses[:10]) / 10
+
+
+def test_trained_draft_beats_random_on_held_out(distilled):
+    _, summary = distilled
+    before, after = summary["acceptance_before"][4], summary["acceptance_after"][4]
+    assert after["acceptance_rate"] > 0.15
+    assert after["acceptance_rate"] > 4 * before["acceptance_rate"]
+    assert after["mean_accepted_length"] > before["mean_accepted_length"]
+
+
+def test_held_out_prompts_never_trained_and_split_is_deterministic(distilled, setup):
+    _, summary = distilled
+    train_keys, held_keys = set(summary["train_prompts"]), set(summary["heldout_prompts"])
+    assert train_keys and held_keys and not train_keys & held_keys
+    assert all(data.is_held_out(k, 0.25) for k in held_keys)
+    assert not any(data.is_held_out(k, 0.25) for k in train_keys)
+    recipe = json.loads((distilled[0] / "distill_recipe.json").read_text())
+    assert recipe["heldout_prompts"] == summary["heldout_prompts"] and recipe["options"]["seed"] == 0
+
+
+def test_head_vocabulary_file_and_tensor_agree(distilled):
+    directory, _ = distilled
+    record = json.loads((directory / vocab.VOCAB_FILE).read_text())
+    ids = load_file(str(directory / "model.safetensors"))["lm_head.token_ids"]
+    assert ids.tolist() == record["token_ids"] and len(record["token_ids"]) == HEAD
+    assert EOS_ID in record["token_ids"] and ids.dtype == torch.int64
+    assert json.loads((directory / "config.json").read_text())["dfvg_head_vocab"] == HEAD
+
+
+def test_head_never_proposes_outside_its_table(distilled):
+    """Property: over many random contexts, greedy and sampled drafts stay inside the head's ids."""
+    model = load_model(distilled[0])
+    allowed = set(model.head_token_ids.tolist())
+    drafter = TorchDrafter(model, VOCAB)
+    rng, generator = random.Random(1), torch.Generator().manual_seed(1)
+    for trial in range(60):
+        context = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 20))]
+        drafter.prefill(context, len(context) + 8)
+        sampling = SamplingParams() if trial % 2 else SamplingParams(temperature=1.5)
+        block = drafter.propose(context, 6, sampling, generator)
+        assert set(block.tokens) <= allowed
+        if block.probs is not None:
+            outside = torch.ones(VOCAB, dtype=torch.bool)
+            outside[list(allowed)] = False
+            assert float(block.probs[:, outside].sum()) == 0.0
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_saved_draft_loads_and_decoding_stays_lossless(distilled, setup, k):
+    target = TorchVerifier(load_model(setup / "target"))
+    drafter = TorchDrafter(load_model(distilled[0]), VOCAB)
+    for prompt in ([5, 17, 99], [150, 3, 42, 42, 7, 60]):
+        plain = generate(target, prompt, 30, eos_ids=[EOS_ID])
+        spec = generate(target, prompt, 30, eos_ids=[EOS_ID], drafter=drafter, draft_length=k)
+        assert spec.tokens == plain.tokens
+        assert spec.stats()["num_accepted_tokens"] > 0
+
+
+def test_teacher_forced_acceptance_equals_real_speculative_steps(distilled, setup):
+    """evaluate.block_steps reproduces generate()'s steps exactly (greedy, continuation ended by length)."""
+    target_model, draft_model = load_model(setup / "target"), load_model(distilled[0])
+    prompts = [[5, 17, 99], [150, 3, 42, 42, 7, 60], [9]]
+    seqs = teacher.generate_all(target_model, prompts, 20, set(), 8, SamplingParams(), 0, 3, log=lambda line: None)
+    matches = evaluate.greedy_matches(draft_model, seqs)
+    verifier, drafter = TorchVerifier(target_model), TorchDrafter(draft_model, VOCAB)
+    for prompt, seq, match in zip(prompts, seqs, matches, strict=True):
+        assert generate(verifier, prompt, 20).tokens == seq.continuation  # batched teacher == sequential
+        for k in (2, 4):
+            real = generate(verifier, prompt, 20, drafter=drafter, draft_length=k).steps
+            modeled = evaluate.block_steps(match, k, 20)
+            assert [(s.num_drafted, s.num_accepted) for s in real] == [(s.num_drafted, s.num_accepted) for s in modeled]
+
+
+def test_same_seed_same_weights_other_seed_differs(distilled, setup):
+    run(options(setup, "again", steps=20), log=lambda line: None)
+    run(options(setup, "again2", steps=20), log=lambda line: None)
+    run(options(setup, "other", steps=20, seed=1), log=lambda line: None)
+    a, b, c = (load_file(str(setup / name / "model.safetensors")) for name in ("again", "again2", "other"))
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert not all(torch.equal(a[n], c[n]) for n in a if a[n].is_floating_point())
+
+
+def test_full_vocabulary_head_and_pca_init(setup):
+    summary = run(options(setup, "full", vocab_top=0, init="target-pca", hidden=64, steps=5), log=lambda line: None)
+    model = load_model(setup / "full")
+    assert model.config.head_vocab_size is None and model.output.weight.shape == (VOCAB, 64)
+    assert summary["head_coverage_of_train_tokens"] == 1.0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--layers", "0"], "--layers"),
+    (["--vocab-top", "100000"], "--vocab-top"),
+    (["--hidden", "100"], "--hidden"),
+    (["--eval-k", "two"], "--eval-k"),
+    (["--init", "zeros"], "--init"),
+    (["--device", "cuda:7"], "cuda"),
+    (["--bogus"], "unrecognized"),
+])
+def test_bad_flags_are_one_line_errors(setup, capsys, argv, needle):
+    sys.path.insert(0, str(SCRIPT.parent))
+    import distill_draft
+
+    base = ["--target", str(setup / "target"), "--output", str(setup / "bad"),
+            "--prompts", str(setup / "prompts.jsonl"), "--teacher-cache", str(setup / "teacher"),
+            "--max-new-tokens", "24", "--steps", "1"]
+    try:
+        code = distill_draft.main(base + argv)
+    except SystemExit as exc:  # argparse-level mistakes exit from the parser itself
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and needle in err and err.startswith("error:")
+
+
+def test_script_exit_status_for_a_missing_target(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--target", str(tmp_path / "nope"), "--output",
+                           str(tmp_path / "out")], capture_output=True, text=True)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_checkpoint_refuses_a_bad_head_table(distilled, tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(distilled[0], bad, ignore=shutil.ignore_patterns("teacher"))
+    tensors = load_file(str(bad / "model.safetensors"))
+    tensors["lm_head.token_ids"] = tensors["lm_head.token_ids"].flip(0).contiguous()
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(UserError, match="ascending"):
+        load_model(bad)

@@ -1,0 +1,81 @@
+"""Pure pieces of dfvg/distill/: head-vocabulary choice, the coarsened KL, the block schedule, sizing."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from dfvg.distill import data, evaluate, sizing, vocab
+from dfvg.distill.train import distill_loss
+from dfvg.errors import UserError
+from dfvg.model import ModelConfig
+from dfvg.stats import Metric
+
+
+def test_choose_head_vocab_docstring_example_and_filler():
+    assert vocab.choose_head_vocab(Counter({7: 5, 3: 5, 9: 1}), 3, 10, required=[1]).tolist() == [1, 3, 7]
+    ids = vocab.choose_head_vocab(Counter({4: 2}), 4, 10, required=[9])
+    assert ids.tolist() == [0, 1, 4, 9]  # EOS, the seen id, then the lowest unseen ids; ascending
+    with pytest.raises(UserError, match="--vocab-top"):
+        vocab.choose_head_vocab(Counter(), 11, 10)
+
+
+def test_loss_is_exact_kl_with_full_top_k_and_zero_at_the_teacher():
+    torch.manual_seed(0)
+    teacher_logits, draft_logits = torch.randn(5, 12), torch.randn(5, 12)
+    p = torch.softmax(teacher_logits, -1)
+    probs, ids = p.topk(12, -1)
+    everything = torch.ones(12, dtype=torch.bool)
+    kl = (p * (p.log() - torch.log_softmax(draft_logits, -1))).sum(-1).mean()
+    assert torch.allclose(distill_loss(draft_logits, ids, probs, everything), kl, atol=1e-5)
+    assert float(distill_loss(teacher_logits, ids, probs, everything)) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_loss_is_finite_when_teacher_mass_lies_outside_the_head():
+    in_head = torch.zeros(8, dtype=torch.bool)
+    in_head[:4] = True
+    logits = torch.randn(3, 8, requires_grad=True)
+    masked = logits.masked_fill(~in_head, float("-inf"))  # what a head-vocabulary draft returns
+    ids = torch.tensor([[6, 0], [1, 7], [5, 4]])
+    probs = torch.tensor([[0.7, 0.2], [0.5, 0.4], [0.9, 0.05]])
+    loss = distill_loss(masked, ids, probs, in_head)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+
+
+def test_block_steps_docstring_example():
+    steps = evaluate.block_steps(torch.tensor([1, 1, 0, 1, 1, 1, 1], dtype=torch.bool), 2)
+    assert [(s.num_drafted, s.num_accepted) for s in steps] == [(2, 2), (2, 2), (0, 0)]
+
+
+def test_parse_sources_and_split_validation():
+    assert data.parse_sources("humaneval, sharegpt:2000,dir/x.jsonl") == [
+        ("humaneval", None), ("sharegpt", 2000), ("dir/x.jsonl", None)]
+    prompts = [data.Prompt(f"s/{i}", [1]) for i in range(40)]
+    train, held = data.split(prompts, 0.25)
+    assert len(train) + len(held) == 40 and 3 <= len(held) <= 20
+    assert data.split(prompts, 0.25) == (train, held)
+    with pytest.raises(UserError, match="heldout-fraction"):
+        data.split(prompts, 1.0)
+
+
+def _cfg(layers, hidden, head_vocab, inter=None, heads=None, kv=None):
+    h = heads or hidden // 64
+    return ModelConfig("qwen2", 151936, hidden, inter or 3 * hidden, layers, h, kv or max(1, h // 4), hidden // h,
+                       attention_bias=True, head_vocab_size=head_vocab)
+
+
+def test_sizing_fpga_shape_fits_u280_and_the_05b_draft_does_not():
+    small = sizing.size_draft(_cfg(4, 512, 32768), 8, "u280", k=4, context_len=256,
+                              verify=Metric(0.02, "s", "assumed"))
+    big = sizing.size_draft(_cfg(24, 896, None, 4864, 14, 2), 4, "u280", k=4, context_len=256)
+    assert small.fits_on_chip and small.hides_behind_verify is True
+    assert small.block_time.provenance == "modeled" and small.on_chip_weight_bytes.provenance == "modeled"
+    assert not big.fits_on_chip and big.block_time.value > 10 * small.block_time.value
+    assert big.hides_behind_verify is None
+    int4 = sizing.size_draft(_cfg(4, 512, 32768), 4)
+    assert int4.on_chip_weight_bytes.value < small.on_chip_weight_bytes.value
+    with pytest.raises(UserError):
+        sizing.size_draft(_cfg(2, 256, 4096), 3)

@@ -1,0 +1,172 @@
+"""FpgaDrafter: the Drafter contract, losslessness with the real speculative loop, CLI wiring, XRT host path."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from dfvg.checkpoint import load_model
+from dfvg.cli import main
+from dfvg.errors import UserError
+from dfvg.fpga.drafter import FpgaDrafter
+from dfvg.fpga.latency import DesignParams, model_block
+from dfvg.generate import generate
+from dfvg.sampling import SamplingParams
+from dfvg.verifier import TorchVerifier
+
+PROMPT = [5, 9, 14, 3, 22, 41, 7]
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    return TorchVerifier(load_model(tiny_pair[0]))
+
+
+@pytest.fixture(scope="module")
+def self_drafter(tiny_pair):
+    """The target itself, quantized: agrees often but not always, so blocks are partly accepted."""
+    return FpgaDrafter.from_checkpoint(tiny_pair[0], target_vocab_size=96, bits=8)
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return generate(target, PROMPT, 24).tokens
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("which", ["self8", "self4", "draft8"])
+def test_speculative_output_equals_plain_greedy(tiny_pair, target, plain, k, which):
+    directory = tiny_pair[1] if which == "draft8" else tiny_pair[0]
+    drafter = FpgaDrafter.from_checkpoint(directory, target_vocab_size=96, bits=int(which[-1]), group_size=16)
+    result = generate(target, PROMPT, 24, drafter=drafter, draft_length=k)
+    assert result.tokens == plain
+    if which == "self8":
+        accepted = [s.num_accepted for s in result.steps]
+        assert sum(accepted) > 0
+        assert k < 4 or any(a < s.num_drafted for a, s in zip(accepted, result.steps, strict=True))
+
+
+def test_block_fields_and_modeled_time(self_drafter):
+    self_drafter.prefill(PROMPT, 64)
+    block = self_drafter.propose(PROMPT, 4, GREEDY, None)
+    assert len(block.tokens) == 4 and block.probs is None and block.elapsed_s > 0
+    want = model_block(self_drafter.workload, self_drafter.board, DesignParams(), 4, len(PROMPT) - 1, 1)
+    assert block.modeled_s == pytest.approx(want.block_time.value) and block.modeled_s > 0
+    assert self_drafter.cached_len == len(PROMPT) + 3
+
+
+def test_deterministic_across_instances(tiny_pair, self_drafter):
+    other = FpgaDrafter.from_checkpoint(tiny_pair[0], target_vocab_size=96, bits=8)
+    blocks = []
+    for drafter in (self_drafter, other, self_drafter):
+        drafter.prefill(PROMPT, 64)
+        blocks.append(drafter.propose(PROMPT, 6, GREEDY, None).tokens)
+    assert blocks[0] == blocks[1] == blocks[2]
+
+
+def test_rollback_then_propose_equals_a_fresh_drafter(tiny_pair, self_drafter):
+    """After drafting past a rejection, the stale cache slots must not leak into the next block."""
+    self_drafter.prefill(PROMPT, 64)
+    first = self_drafter.propose(PROMPT, 4, GREEDY, None).tokens
+    corrected = PROMPT + first[:1] + [(first[1] + 1) % 96]  # accept one draft, then a different token
+    self_drafter.rollback(len(PROMPT) + 1)
+    assert self_drafter.cached_len == len(PROMPT) + 1
+    after = self_drafter.propose(corrected, 4, GREEDY, None).tokens
+    fresh = FpgaDrafter.from_checkpoint(tiny_pair[0], target_vocab_size=96, bits=8)
+    fresh.prefill(corrected, 64)
+    assert after == fresh.propose(corrected, 4, GREEDY, None).tokens
+
+
+def test_sampling_stays_valid_with_one_hot_drafts(target, self_drafter):
+    sampling = SamplingParams(temperature=1.0, top_k=20)
+    a = generate(target, PROMPT, 16, sampling=sampling, seed=3, drafter=self_drafter, draft_length=4)
+    b = generate(target, PROMPT, 16, sampling=sampling, seed=3, drafter=self_drafter, draft_length=4)
+    assert a.tokens == b.tokens and len(a.tokens) == 16
+
+
+def test_xrt_host_path_on_the_simulated_device(tiny_pair, target, plain, tmp_path):
+    xclbin = tmp_path / "dfvg_draft.xclbin"
+    xclbin.write_bytes(b"xclbin2\0" + bytes(56))
+    drafter = FpgaDrafter.from_checkpoint(tiny_pair[0], target_vocab_size=96, bits=8, mode="xrt",
+                                          xclbin=xclbin, xrt_backend="simulated")
+    result = generate(target, PROMPT, 24, drafter=drafter, draft_length=4)
+    assert result.tokens == plain
+    assert drafter.engine.launches == len([s for s in result.steps if s.num_drafted])  # one launch per block
+    emulated = generate(target, PROMPT, 24, drafter=FpgaDrafter.from_checkpoint(tiny_pair[0], 96), draft_length=4)
+    assert [s.num_accepted for s in result.steps] == [s.num_accepted for s in emulated.steps]
+
+
+def cli(tiny_pair, *extra: str) -> list[str]:
+    target, draft = tiny_pair
+    return ["generate", "--target", str(target), "--draft", str(draft), "--prompt-ids", "5,9,14,3",
+            "--max-new-tokens", "12", "--json", *extra]
+
+
+def test_cli_fpga_equals_no_draft(tiny_pair, capsys):
+    assert main(cli(tiny_pair, "--no-draft")) == 0
+    plain_out = json.loads(capsys.readouterr().out)
+    for bits in ("8", "4"):
+        assert main(cli(tiny_pair, "--draft-device", "fpga", "--fpga-bits", bits, "--fpga-group-size", "16")) == 0
+        spec = json.loads(capsys.readouterr().out)
+        assert spec["tokens"] == plain_out["tokens"] and spec["stats"]["modeled_draft_s"] > 0
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--fpga-bits", "3"], "--fpga-bits must be 8 or 4"),
+    (["--fpga-board", "u9000"], "unknown FPGA board"),
+    (["--fpga-mode", "asic"], "--fpga-mode must be"),
+    (["--fpga-mode", "xrt"], "needs --xclbin"),
+    (["--fpga-mode", "xrt", "--xclbin", "x.xclbin"], "pyxrt"),
+])
+def test_cli_bad_fpga_options_are_one_line_errors(tiny_pair, capsys, monkeypatch, extra, message):
+    monkeypatch.setitem(sys.modules, "pyxrt", None)  # no XRT here, even if a later machine has one
+    assert main(cli(tiny_pair, "--draft-device", "fpga", *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and err.startswith("error: ")
+
+
+def test_xrt_needs_an_existing_xclbin(tiny_pair, tmp_path):
+    with pytest.raises(UserError, match="xclbin not found"):
+        FpgaDrafter.from_checkpoint(tiny_pair[0], mode="xrt", xclbin=tmp_path / "none.xclbin", xrt_backend="simulated")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bits", [8, 4])
+def test_cuda_emulation_gives_the_cpu_tokens(tiny_pair, target, bits):
+    tokens = {}
+    for device in ("cpu", "cuda"):
+        drafter = FpgaDrafter.from_checkpoint(tiny_pair[0], 96, bits=bits, group_size=16,
+                                              emulate_device=device)
+        tokens[device] = [s.num_accepted for s in generate(target, PROMPT, 24, drafter=drafter, draft_length=4).steps]
+        drafter.prefill(PROMPT, 64)
+        tokens[device + "_block"] = drafter.propose(PROMPT, 8, GREEDY, None).tokens
+    assert tokens["cpu"] == tokens["cuda"] and tokens["cpu_block"] == tokens["cuda_block"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("os").environ.get("DFVG_SLOW") != "1", reason="set DFVG_SLOW=1 (real 0.5B draft)")
+@pytest.mark.parametrize("bits,min_top1", [(8, 0.85), (4, 0.75)])
+def test_real_draft_integer_top1_tracks_float(bits, min_top1):
+    """Qwen2.5-Coder-0.5B: the datapath's greedy token equals the float model's on most HumanEval/0 positions."""
+    from pathlib import Path
+
+    from dfvg.datasets import load_humaneval
+    from dfvg.tokenizer import encode, load_tokenizer
+
+    draft = Path(__file__).resolve().parents[1] / "models/qwen2.5-coder-0.5b-instruct"
+    ids = encode(load_tokenizer(draft), load_humaneval(limit=1)[0]["prompt"])[:96]
+    model = load_model(draft)
+    model.setup_cache(1, len(ids))
+    with torch.inference_mode():
+        floats = model(torch.tensor([ids]), torch.arange(len(ids))[None])[0, 48:].argmax(-1)
+    del model
+    drafter = FpgaDrafter.from_checkpoint(draft, bits=bits)
+    drafter.model.setup_cache(len(ids))
+    drafter.model.forward(torch.tensor(ids[:48]), 0)
+    ints = [drafter.model.next_token(torch.tensor([t]), 48 + i) for i, t in enumerate(ids[48:])]
+    assert (torch.tensor(ints) == floats).double().mean() >= min_top1
