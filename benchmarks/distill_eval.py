@@ -9,8 +9,9 @@ trained on by any draft made with the same prompt set):
    over the target's cached greedy continuations: acceptance rate and mean accepted length (bonus counted).
 2. end to end with `dfvg.generate` for --e2e-prompts prompts at --e2e-k: measured acceptance, verify and
    draft seconds per step, and the share of outputs equal to plain greedy (bf16 on a GPU: reported, not
-   asserted). FPGA rows run the integer datapath emulated on the GPU (`--draft-device fpga`); when the
-   FPGA quantizer cannot take a head-vocabulary draft the row says why instead.
+   asserted). FPGA rows run the integer datapath emulated on the GPU (`FpgaDrafter`, mode emulate); when
+   the FPGA quantizer cannot take a head-vocabulary draft the row says why instead. Prompts are the
+   held-out ids exactly as the teacher saw them (same --max-prompt-tokens truncation).
 Every number is `measured` on this machine, except the FPGA block times (`modeled`, dfvg/distill/sizing.py).
 The last line printed is one JSON object (also written to --output).
 """
@@ -28,13 +29,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfvg.checkpoint import load_config, load_model, read_json, resolve_dtype  # noqa: E402
-from dfvg.datasets import load_humaneval  # noqa: E402
 from dfvg.distill import data, evaluate, sizing  # noqa: E402
 from dfvg.drafter import TorchDrafter, make_drafter  # noqa: E402
 from dfvg.errors import UserError  # noqa: E402
 from dfvg.generate import generate  # noqa: E402
 from dfvg.stats import Metric  # noqa: E402
-from dfvg.tokenizer import encode, eos_token_ids, load_tokenizer  # noqa: E402
+from dfvg.tokenizer import eos_token_ids  # noqa: E402
 from dfvg.verifier import TorchVerifier  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,14 +101,14 @@ def drafters(args, drafts: dict[str, Path], device, dtype, vocab: int):
     first = Path(args.distilled[0])
     for bits in [int(b) for b in args.fpga_bits.split(",") if b.strip()]:
         rows.append((f"{first.name}-fpga-int{bits}", lambda b=bits: make_drafter(
-            first, "fpga", torch.float32, vocab, bits=b, device=str(device))))
+            first, "fpga", torch.float32, vocab, bits=b, emulate_device=str(device))))
     return rows
 
 
-def end_to_end(args, drafts: dict[str, Path], keys: list[str], device, dtype) -> dict:
-    tokenizer, eos = load_tokenizer(args.target), eos_token_ids(args.target)
-    by_key = {f"humaneval/{p['id']}": p["prompt"] for p in load_humaneval()}
-    prompts = [encode(tokenizer, by_key[k]) for k in keys[: args.e2e_prompts]]
+def end_to_end(args, drafts: dict[str, Path], seqs: list, device, dtype) -> dict:
+    """Real speculative runs on the held-out prompts exactly as the teacher saw them (same truncation)."""
+    eos = eos_token_ids(args.target)
+    prompts = [s.prompt for s in seqs[: args.e2e_prompts]]
     verifier = TorchVerifier(load_model(args.target, dtype=dtype, device=device))
     generate(verifier, prompts[0], 4)  # warm-up
     plain = [generate(verifier, p, args.e2e_tokens, eos_ids=eos).tokens for p in prompts]
@@ -116,8 +116,9 @@ def end_to_end(args, drafts: dict[str, Path], keys: list[str], device, dtype) ->
     for name, factory in drafters(args, drafts, device, dtype, verifier.vocab_size):
         try:
             drafter = factory()
-        except (UserError, RuntimeError) as err:
+        except (UserError, RuntimeError, TypeError) as err:  # an FPGA row that cannot be built says why
             out[name] = {"unsupported": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
+            print(f"e2e {name}: {out[name]}", flush=True)
             continue
         out[name] = [e2e_row(verifier, drafter, prompts, plain, int(k), args.e2e_tokens, eos)
                      for k in args.e2e_k.split(",")]
@@ -155,7 +156,7 @@ def main() -> int:
         cells = [f"k={k} alpha={r['acceptance_rate']:.3f} tau={r['mean_accepted_length']:.2f}"
                  for k, r in table.items()]
         print(f"teacher-forced {name}: " + ", ".join(cells), flush=True)
-    result["end_to_end"] = end_to_end(args, drafts, keys, device, dtype) if args.e2e_prompts > 0 else {}
+    result["end_to_end"] = end_to_end(args, drafts, seqs, device, dtype) if args.e2e_prompts > 0 else {}
     result["fpga_modeled"] = modeled_fpga(drafts, result["end_to_end"], ks)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=1))

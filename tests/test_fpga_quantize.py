@@ -139,3 +139,19 @@ def test_stale_artifact_is_refused_in_one_line_or_rebuilt(tiny_pair, tmp_path, c
         load_artifact(where, {"bits": 4})
     with pytest.raises(StaleArtifact, match="source.config_sha256"):
         load_artifact(where, {"source.config_sha256": "0" * 64})
+
+
+def test_datapath_switches_tf32_off_while_it_runs(wide_model):
+    _, model = wide_model
+    tensors, _ = quantize_model(model, bits=8)
+    dm = IntegerDraftModel(tensors, model.config, 8, "cpu")
+    dm.setup_cache(4)
+    seen = []
+    original = dm._forward
+    dm._forward = lambda ids, pos: seen.append(torch.backends.cuda.matmul.allow_tf32) or original(ids, pos)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        dm.forward(torch.tensor([3, 4]), 0)
+        assert seen == [False] and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False

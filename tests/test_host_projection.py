@@ -87,3 +87,27 @@ def test_sources_of_every_kind_and_refusals():
         project_times(OVERLAP, "sync")
     with pytest.raises(UserError, match="sync, overlap"):
         project_times(SYNC, "pearl")
+
+
+@pytest.mark.parametrize("mode", ["sync", "overlap"])
+def test_fpga_drafter_run_projects_onto_its_board(tiny_pair, tmp_path, mode):
+    """A real (emulated) FPGA drafter through the pipeline: lossless, every draft event carries its modeled
+    board time, and the projection is `modeled`, built from exactly those times."""
+    from dfvg.checkpoint import load_model
+    from dfvg.drafter import make_drafter
+    from dfvg.generate import generate
+    from dfvg.host.pipeline import run_pipeline
+    from dfvg.verifier import TorchVerifier
+
+    target = TorchVerifier(load_model(tiny_pair[0]))
+    drafter = make_drafter(tiny_pair[1], "fpga", None, target.vocab_size, board="u55c", artifact_dir=tmp_path)
+    prompt = list(range(2, 40))
+    timeline = Timeline()
+    result = run_pipeline(target, drafter, prompt, 16, draft_length=3, mode=mode, timeline=timeline)
+    assert result.tokens == generate(target, prompt, 16).tokens
+    drafts = [e for e in timeline.events if e.stage == "draft"]
+    assert drafts and all(e.device == "fpga" and e.modeled_s > 0 for e in drafts)
+    out = project_times(timeline, mode, board="u55c")
+    assert out["projected_s"].provenance == "modeled" and "u55c" in out["projected_s"].source
+    assert out["draft_board_s"].value == pytest.approx(sum(e.modeled_s for e in drafts))
+    assert out["measured_s"].value == pytest.approx(timeline.span_s())

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Distil FPGA-sized drafts from the 1.5B target on one H200 and measure them against the 0.5B draft
+# (issue 6; docs/distill.md). Stages run in the order given; each stage fits one 10-minute device call:
+#
+#   bash benchmarks/distill_h200.sh prepare teacher      # call 1: GGUF -> HF dirs, teacher data (~6-8 min)
+#   bash benchmarks/distill_h200.sh train                # call 2: two draft shapes (~2 x 3 min at STEPS=1500)
+#   bash benchmarks/distill_h200.sh eval                 # call 3: held-out HumanEval, k = 2,4,6,8 (~5 min)
+#   bash benchmarks/distill_h200.sh all                  # everything, where no per-call limit applies
+#
+# Inputs: the pinned GGUFs in $GGUF_DIR (default /root/gguf, named <pin>.gguf as benchmarks/gpu_speed.py's
+# session lays them out); nothing is downloaded. Outputs: $RESULTS (default results/distill) holds the
+# drafts, the teacher cache and eval.json; the small JSON files are also copied to $OUT when the device
+# tool sets it. Every acceptance figure is measured; every FPGA time is modeled (labelled so in eval.json).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GGUF_DIR=${GGUF_DIR:-/root/gguf}
+DFVG_CACHE=${DFVG_CACHE:-/root/dfvg-cache}
+RESULTS=${RESULTS:-results/distill}
+TARGET=${TARGET:-models/qwen2.5-coder-1.5b-instruct}
+BASELINE=${BASELINE:-models/qwen2.5-coder-0.5b-instruct}
+PROMPTS=${PROMPTS:-humaneval,sharegpt:1500}
+STEPS=${STEPS:-1500}
+SHAPES=${SHAPES:-"4:512:32768 2:512:16384"}   # layers:hidden:vocab-top, first = the FPGA rows of eval
+COMMON=(--target "$TARGET" --device cuda --prompts "$PROMPTS" --teacher-cache "$RESULTS/teacher"
+        --heldout-fraction 0.25 --max-prompt-tokens 256 --max-new-tokens 192 --teacher-top-k 32
+        --teacher-batch 64 --teacher-dtype bfloat16 --seed 0 --eval-k 2,4,6,8)
+
+name_of() { IFS=: read -r l d v <<<"$1"; echo "l${l}-d${d}-v${v}"; }
+
+stage_prepare() {
+    mkdir -p "$DFVG_CACHE/gguf"
+    for f in "$GGUF_DIR"/*.gguf; do ln -sf "$(realpath "$f")" "$DFVG_CACHE/gguf/"; done
+    python scripts/download_models.py --cache-dir "$DFVG_CACHE"
+    nvidia-smi --query-gpu=name,memory.total --format=csv
+}
+
+stage_teacher() {  # a 1-step throwaway run fills the teacher cache (train + held-out continuations)
+    python scripts/distill_draft.py "${COMMON[@]}" --output "$RESULTS/_teacher_only" --layers 1 --hidden 64 \
+        --steps 1 --vocab-top 1024 --init random
+}
+
+stage_train() {
+    for shape in $SHAPES; do
+        IFS=: read -r l d v <<<"$shape"
+        python scripts/distill_draft.py "${COMMON[@]}" --output "$RESULTS/$(name_of "$shape")" --layers "$l" \
+            --hidden "$d" --vocab-top "$v" --steps "$STEPS" --batch-size 16 --lr 1e-3 --init target-pca \
+            | tee "$RESULTS/$(name_of "$shape").log"
+    done
+}
+
+stage_eval() {
+    local drafts=()
+    for shape in $SHAPES; do drafts+=("$RESULTS/$(name_of "$shape")"); done
+    python benchmarks/distill_eval.py --target "$TARGET" --baseline-draft "$BASELINE" --distilled "${drafts[@]}" \
+        --device cuda --ks 2,4,6,8 --e2e-prompts 8 --e2e-tokens 128 --e2e-k 4 --fpga-bits 8,4 \
+        --output "$RESULTS/eval.json"
+}
+
+collect() {  # the device tool returns at most 8 small files from $OUT
+    [ -n "${OUT:-}" ] || return 0
+    cp -f "$RESULTS"/eval.json "$OUT"/ 2>/dev/null || true
+    for shape in $SHAPES; do
+        n=$(name_of "$shape")
+        cp -f "$RESULTS/$n/distill_recipe.json" "$OUT/$n.recipe.json" 2>/dev/null || true
+        cp -f "$RESULTS/$n.log" "$OUT/$n.log" 2>/dev/null || true
+    done
+}
+
+mkdir -p "$RESULTS"
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || { echo "usage: $0 prepare|teacher|train|eval|all ..." >&2; exit 2; }
+[ "${stages[0]}" = all ] && stages=(prepare teacher train eval)
+for s in "${stages[@]}"; do
+    case "$s" in
+        prepare|teacher|train|eval) echo "== $s ($(date -u +%T))"; "stage_$s" ;;
+        *) echo "unknown stage $s (prepare|teacher|train|eval|all)" >&2; exit 2 ;;
+    esac
+done
+collect
