@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_speed import sync, timed_runs
+from benchmarks.gpu_speed import save, sync, timed_runs
 from dfvg.drafter import TorchDrafter
 from dfvg.generate import generate
 from dfvg.gpu.fast import FastGreedy
@@ -52,7 +52,7 @@ def _out(result):
 
 
 def prefix_match(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def phase_check(args, models) -> dict:
@@ -170,6 +170,7 @@ def phase_hf_assist(args, models) -> dict:
         run = hf_generate(models["hf_target"], models["hf_draft"], k, args.max_new_tokens, args.device)
         run(models["prompts"][0]["ids"][:64])
         out[f"hf_assist_k{k}"] = timed_runs(f"hf assisted k={k}", models["prompts"], run, args.device, warm=False)
+        save(args, "hf_assist", dict(out))  # each k as it finishes: a timed-out call keeps what it measured
     return out
 
 

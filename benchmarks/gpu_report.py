@@ -15,13 +15,13 @@ COPY_TB_S = 4.3  # measured device-to-device copy rate of an H200 here (KINDS.md
 
 
 def _prefix(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def match_rate(run: dict, ref: dict | None) -> float | None:
     if ref is None or len(ref["tokens"]) != len(run["tokens"]):
         return None
-    return statistics.mean(_prefix(a, b) / max(1, len(b)) for a, b in zip(run["tokens"], ref["tokens"]))
+    return statistics.mean(_prefix(a, b) / max(1, len(b)) for a, b in zip(run["tokens"], ref["tokens"], strict=True))
 
 
 def acceptance(run: dict) -> tuple[float | None, float | None]:
@@ -39,7 +39,7 @@ def projected_tok_s(run: dict) -> float | None:
     stats = [s for s in run["stats"] if s]
     if not stats or any(s.get("modeled_draft_s") is None for s in stats):
         return None
-    wall = sum(w - s["draft_s"] + s["modeled_draft_s"] for w, s in zip(run["walls_s"], stats))
+    wall = sum(w - s["draft_s"] + s["modeled_draft_s"] for w, s in zip(run["walls_s"], stats, strict=True))
     return run["new_tokens"] / wall
 
 

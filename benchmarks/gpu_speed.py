@@ -177,7 +177,7 @@ def timed_runs(name: str, prompts: list[dict], run_one, device: str, warm: bool 
         tokens.append(out)
         stats.append(st)
     n = sum(len(t) for t in tokens)
-    ms_tok = [1000 * w / max(1, len(t)) for w, t in zip(walls, tokens)]
+    ms_tok = [1000 * w / max(1, len(t)) for w, t in zip(walls, tokens, strict=True)]
     print(f"  {name:<28} {n / sum(walls):9.1f} tok/s  median {statistics.median(ms_tok):7.3f} ms/token",
           flush=True)
     return {"name": name, "walls_s": walls, "tokens": tokens, "stats": stats, "new_tokens": n,

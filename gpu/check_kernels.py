@@ -35,7 +35,8 @@ def check_greedy_accept(kernels, failures: list[str]) -> None:
 
 
 def check_verify_attention(kernels, failures: list[str]) -> None:
-    for heads, kv, hd, start, rows in [(12, 2, 128, 300, 5), (14, 2, 64, 37, 9), (12, 2, 128, 0, 3), (8, 8, 64, 100, 16)]:
+    cases = [(12, 2, 128, 300, 5), (14, 2, 64, 37, 9), (12, 2, 128, 0, 3), (8, 8, 64, 100, 16)]
+    for heads, kv, hd, start, rows in cases:
         q = torch.randn(rows, heads, hd, device="cuda", dtype=torch.bfloat16)
         kc = torch.randn(start + rows + 50, kv, hd, device="cuda", dtype=torch.bfloat16)
         vc = torch.randn_like(kc)

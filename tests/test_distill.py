@@ -208,17 +208,21 @@ def test_checkpoint_refuses_a_bad_head_table(distilled, tmp_path):
         load_model(bad)
 
 
-@pytest.mark.xfail(raises=(RuntimeError, UserError), strict=False,
-                   reason="dfvg/fpga/quantize.py sizes the head by vocab_size (patch in docs/distill.md) and refuses "
-                          "a small residual stream (final-norm eps term over int32)")
-def test_fpga_datapath_drafts_inside_the_head_and_stays_lossless(distilled, setup, tmp_path):
+@pytest.mark.xfail(raises=RuntimeError, strict=False,
+                   reason="dfvg/fpga/quantize.py sizes the head by vocab_size; the patch is in docs/distill.md")
+def test_fpga_datapath_drafts_inside_the_head_and_stays_lossless(setup, tmp_path):
     from dfvg.fpga.drafter import FpgaDrafter
 
-    allowed = set(load_model(distilled[0]).head_token_ids.tolist())
-    drafter = FpgaDrafter.from_checkpoint(distilled[0], target_vocab_size=VOCAB, bits=8, artifact_dir=tmp_path / "a")
+    # target-pca init: the residual stream keeps the target's scale (a 0.02-scale toy residual is too small
+    # for the quantizer's int32 norm constants)
+    run(options(setup, "fpga", init="target-pca", steps=20), log=lambda line: None)
+    allowed = set(load_model(setup / "fpga").head_token_ids.tolist())
     target = TorchVerifier(load_model(setup / "target"))
     prompt = [150, 3, 42, 42, 7, 60]
-    spec = generate(target, prompt, 30, eos_ids=[EOS_ID], drafter=drafter, draft_length=4)
-    assert spec.tokens == generate(target, prompt, 30, eos_ids=[EOS_ID]).tokens
-    drafter.prefill(prompt, 40)
-    assert set(drafter.propose(prompt, 6, SamplingParams(), None).tokens) <= allowed
+    plain = generate(target, prompt, 30, eos_ids=[EOS_ID]).tokens
+    for bits in (8, 4):
+        drafter = FpgaDrafter.from_checkpoint(setup / "fpga", target_vocab_size=VOCAB, bits=bits, group_size=32,
+                                              artifact_dir=tmp_path / f"int{bits}")
+        assert generate(target, prompt, 30, eos_ids=[EOS_ID], drafter=drafter, draft_length=4).tokens == plain
+        drafter.prefill(prompt, 40)
+        assert set(drafter.propose(prompt, 6, SamplingParams(), None).tokens) <= allowed

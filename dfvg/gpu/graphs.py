@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -123,7 +123,7 @@ class GraphModel:
         sin = m.rope_sin[pos].to(x.dtype)[None, :, None]
         slots = torch.arange(self.cache_len, device=ids.device)
         mask = slots[None, :] <= pos[:, None]  # [T, S]
-        for layer, w in zip(m.layers, self.weights):
+        for layer, w in zip(m.layers, self.weights, strict=True):
             cache = layer.attention.kv_cache
             x = self.block(x, cos, sin, pos, mask, cache.k, cache.v, w, self.dims)
         if last_only:

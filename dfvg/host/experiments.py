@@ -1,9 +1,10 @@
 """Running an experiment config: every variant on every prompt, repeated, metered, then the reports.
 
-Owns: the order of work (each repetition runs every variant on every prompt, so slow drift on a shared
-machine hits all variants alike), warm-up, which decoder runs each variant (the host runtime's
-`run_pipeline` when it is installed, the engine's `generate` otherwise), energy metering per variant and
-repetition, the progress bar, and handing a `RunResults` to `dfvg.reports.write_run_reports`.
+Owns: the order of work (each repetition takes the prompts group by group and runs every variant on the
+group before the next, so load bursts on a shared machine hit all variants alike), warm-up, which decoder
+runs each variant (the host runtime's `run_pipeline` / `run_batch` when installed, the engine's `generate`
+otherwise), the board projection of FPGA drafts, energy metering per variant and prompt group, the
+progress bar, and handing a `RunResults` to `dfvg.reports.write_run_reports`.
 
 Variants: `baseline` (the target alone, autoregressive, measured in this same process), `speculative`
 (sync, float draft on the draft device), `fpga` (sync, the bit-exact FPGA datapath emulated here, with
@@ -270,18 +271,16 @@ def new_variant(plan: Plan, ctx: Context) -> VariantResult:
                          else None, skipped=skip_reason(plan, ctx))
 
 
-def run_variant_once(plan: Plan, variant: VariantResult, ctx: Context, run: int, bar: tqdm) -> None:
-    """All prompts of one repetition of one variant, inside one energy meter."""
-    size = ctx.cfg.batch_size if plan.drafter != "none" else 1  # plain decoding stays one sequence
+def run_group(plan: Plan, variant: VariantResult, ctx: Context, run: int, first: int, bar: tqdm) -> None:
+    """One variant on one group of batch_size prompts (each prompt alone for plain decoding), metered."""
+    group = ctx.prompts[first:first + ctx.cfg.batch_size]
+    bar.set_postfix_str(f"run {run + 1} {plan.name} {group[0]['id']}")
     with EnergyMeter(ctx.nvml, ctx.cfg.cpu_watts_per_core) as meter:
-        for first in range(0, len(ctx.prompts), size):
-            group = ctx.prompts[first:first + size]
-            bar.set_postfix_str(f"run {run + 1} {plan.name} {group[0]['id']}")
-            if size > 1:
-                variant.generations += decode_batch(plan, ctx, group, first, run)
-            else:
-                variant.generations.append(decode_one(plan, ctx, group[0], first, run))
-            bar.update(len(group))
+        if len(group) > 1 and plan.drafter != "none":
+            variant.generations += decode_batch(plan, ctx, group, first, run)
+        else:
+            variant.generations += [decode_one(plan, ctx, p, first + i, run) for i, p in enumerate(group)]
+    bar.update(len(group))
     variant.energy += [(run, m) for m in meter.measurements()]
     variant.gpu_samples += meter.gpu_samples
 
@@ -323,8 +322,9 @@ def execute(cfg: ExperimentConfig, ctx: Context) -> dict[str, VariantResult]:
     total = cfg.num_runs * len(runnable) * len(ctx.prompts)
     with tqdm(total=total, desc=cfg.name, unit="gen", file=sys.stderr, dynamic_ncols=True) as bar:
         for run in range(cfg.num_runs):
-            for plan in runnable:
-                run_variant_once(plan, variants[plan.name], ctx, run, bar)
+            for first in range(0, len(ctx.prompts), cfg.batch_size):
+                for plan in runnable:
+                    run_group(plan, variants[plan.name], ctx, run, first, bar)
     return variants
 
 

@@ -58,7 +58,8 @@ def gpu_section(results: RunResults) -> list[str]:
 
 def host_section(results: RunResults, cpu_model: str) -> list[str]:
     return ["[host]",
-            f"peak resident memory {results.peak_rss_b / 2**30:.2f} GiB  [measured: getrusage ru_maxrss]",
+            f"peak resident memory {results.peak_rss_b / 2**30:.2f} GiB  [measured: getrusage ru_maxrss; "
+            "includes file pages of memory-mapped checkpoints read while loading]",
             f"cpu {cpu_model}  [measured: /proc/cpuinfo]"]
 
 

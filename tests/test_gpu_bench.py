@@ -1,0 +1,40 @@
+"""benchmarks/gpu_report.py on synthetic phase files: ratios, match rates, acceptance and the goals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.gpu_report import report
+
+
+def run(tok_s: float, tokens: list[list[int]], stats=None) -> dict:
+    return {"walls_s": [1.0] * len(tokens), "tokens": tokens, "stats": stats or [None] * len(tokens),
+            "new_tokens": sum(map(len, tokens)), "tokens_per_s": tok_s, "median_ms_per_token": 1000 / tok_s}
+
+
+def stat(drafted: int, accepted: int, steps: int, decode_s: float) -> dict:
+    return {"num_draft_tokens": drafted, "num_accepted_tokens": accepted, "num_verify_steps": steps,
+            "decode_s": decode_s, "num_new_tokens": 4, "draft_s": 0.0, "modeled_draft_s": None}
+
+
+def test_report_ratios_and_goals(tmp_path):
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    plain = run(400.0, ref, [stat(0, 0, 4, 0.004), stat(0, 0, 4, 0.004)])
+    spec = run(600.0, [[1, 2, 9, 9], [5, 6, 7, 8]], [stat(6, 3, 2, 0.002), stat(6, 3, 2, 0.002)])
+    (tmp_path / "dfvg.json").write_text(json.dumps({"dfvg_plain": plain, "dfvg_spec_k3": spec,
+                                                    "weight_bytes": {"target": 3_000_000_000, "draft": 1}}))
+    (tmp_path / "hf.json").write_text(json.dumps({"hf_eager": run(20.0, ref), "hf_assist_k3": run(30.0, ref)}))
+    merged = report(tmp_path)
+    rows = {r["variant"]: r for r in merged["rows"]}
+    assert rows["dfvg_spec_k3"]["x_dfvg_plain"] == pytest.approx(1.5)
+    assert rows["dfvg_spec_k3"]["match_vs_hf"] == pytest.approx((0.5 + 1.0) / 2)
+    assert rows["dfvg_spec_k3"]["acceptance_rate"] == pytest.approx(0.5)
+    assert rows["dfvg_spec_k3"]["mean_accepted_length"] == pytest.approx((6 + 4) / 4)
+    goals = merged["goals"]
+    assert goals["plain_decode_ms_per_token"] == pytest.approx(1.0)
+    assert goals["fraction_of_floor"] == pytest.approx(3e9 / 4.3e12 * 1e3)
+    assert goals["spec_over_hf_assist_best"] == pytest.approx(20.0) and goals["goal_spec_1.5x_hf_assist_met"]
+    assert goals["goal_plain_25x_hf_met"] is False  # 400 / 20 = 20x
+    assert (tmp_path / "gpu_speed.json").is_file()
