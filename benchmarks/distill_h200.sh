@@ -30,9 +30,11 @@ name_of() { IFS=: read -r l d v <<<"$1"; echo "l${l}-d${d}-v${v}"; }
 
 stage_prepare() {
     mkdir -p "$DFVG_CACHE/gguf"
+    compgen -G "$GGUF_DIR/*.gguf" >/dev/null || { echo "no *.gguf in $GGUF_DIR (set GGUF_DIR)" >&2; exit 2; }
     for f in "$GGUF_DIR"/*.gguf; do ln -sf "$(realpath "$f")" "$DFVG_CACHE/gguf/"; done
     python scripts/download_models.py --cache-dir "$DFVG_CACHE"
     nvidia-smi --query-gpu=name,memory.total --format=csv
+    python -m pytest -q tests/test_distill.py -k gpu  # the pipeline on CUDA at toy size (seconds)
 }
 
 stage_teacher() {  # a 1-step throwaway run fills the teacher cache (train + held-out continuations)

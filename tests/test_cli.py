@@ -83,13 +83,14 @@ BAD_CASES = {
     "bad-top-p": (["--target", "{target}", "--no-draft", "--top-p", "0"], "top_p"),
     "no-draft-given": (["--target", "{target}"], "--draft"),
     "bad-draft-length": (["--target", "{target}", "--draft", "{target}", "--draft-length", "0"], "draft-length"),
+    "graphs-on-cpu": (["--target", "{target}", "--no-draft", "--graphs"], "--graphs needs"),
     "bad-max-new": (["--target", "{target}", "--no-draft", "--max-new-tokens", "0"], "max_new_tokens"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CASES))
 def test_bad_input_is_one_line(case, broken, tiny_pair, capsys):
-    if case == "no-cuda" and torch.cuda.is_available():
+    if case in ("no-cuda", "graphs-on-cpu") and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     args, expected = BAD_CASES[case]
     args = [a.format(root=broken, target=tiny_pair[0]) for a in args]

@@ -226,3 +226,13 @@ def test_fpga_datapath_drafts_inside_the_head_and_stays_lossless(setup, tmp_path
         assert generate(target, prompt, 30, eos_ids=[EOS_ID], drafter=drafter, draft_length=4).tokens == plain
         drafter.prefill(prompt, 40)
         assert set(drafter.propose(prompt, 6, SamplingParams(), None).tokens) <= allowed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_distill_runs_on_the_gpu_in_bf16_teacher_mode(setup):
+    summary = run(options(setup, "gpu", device="cuda", steps=10, teacher_dtype="bfloat16",
+                          teacher_cache=str(setup / "teacher_gpu")), log=lambda line: None)
+    assert summary["losses"][-1] < summary["losses"][0]
+    model = load_model(setup / "gpu", device="cuda")
+    assert model.head_token_ids.device.type == "cuda"

