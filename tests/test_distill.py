@@ -208,8 +208,6 @@ def test_checkpoint_refuses_a_bad_head_table(distilled, tmp_path):
         load_model(bad)
 
 
-@pytest.mark.xfail(raises=RuntimeError, strict=False,
-                   reason="dfvg/fpga/quantize.py sizes the head by vocab_size; the patch is in docs/distill.md")
 def test_fpga_datapath_drafts_inside_the_head_and_stays_lossless(setup, tmp_path):
     from dfvg.fpga.drafter import FpgaDrafter
 

@@ -183,4 +183,8 @@ class IntegerDraftModel:
     def next_token(self, ids: Tensor, start_pos: int, vocab_limit: int | None = None) -> int:
         """Greedy draft token after ids: argmax (lowest index on ties) of the integer logits."""
         logits = self.forward(ids, start_pos)
-        return int(fp.argmax_lowest(logits[:vocab_limit]))
+        table = self.t.get("output.token_ids")  # a head over an ascending subset of ids: map back
+        if table is None:
+            return int(fp.argmax_lowest(logits[:vocab_limit]))
+        usable = int((table < (vocab_limit or self.config.vocab_size)).sum())
+        return int(table[fp.argmax_lowest(logits[:usable])])

@@ -125,8 +125,9 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     fp32 whatever the summation order), chunks summed in int64; float64 when that chunk would be
     shorter than 64 (exact while K * max|a| * max|b| <= 2**53).
     """
-    amax = max(int(a.abs().max()) if a.numel() else 0, 1)
-    bmax = max(int(b.abs().max()) if b.numel() else 0, 1)
+    # widen first: abs(-128) wraps to -128 in int8 and would understate the bound.
+    amax = max(int(a.to(torch.int64).abs().max()) if a.numel() else 0, 1)
+    bmax = max(int(b.to(torch.int64).abs().max()) if b.numel() else 0, 1)
     k = a.shape[-1]
     chunk = (1 << 24) // (amax * bmax)
     if chunk >= 64:

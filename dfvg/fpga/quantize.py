@@ -277,8 +277,11 @@ def _quantize_ends(model: Transformer, stats: dict[str, Tensor], res: float) -> 
     head_in = _act_scale(stats["head_in"].max())
     logit_scale = max(float(stats["logits"]), 1e-8) / 2**LOGIT_BITS
     out |= _norm("norm", model.norm.weight, res, head_in, cfg.rms_norm_eps)
+    rows = model.output.weight.shape[0]  # head_vocab_size rows for a distilled head-vocabulary draft
     out |= quantize_linear("output", model.output.weight, None, head_in,
-                           torch.full((cfg.vocab_size,), logit_scale, dtype=torch.float64), 8, 0)
+                           torch.full((rows,), logit_scale, dtype=torch.float64), 8, 0)
+    if cfg.head_vocab_size:
+        out["output.token_ids"] = model.head_token_ids.to(torch.int32)
     return out, {"head_in": head_in, "logits": logit_scale}
 
 
