@@ -80,7 +80,7 @@ def first_token_tv(rule, trials: int = 20000) -> float:
     drafts = torch.multinomial(q, trials, replacement=True, generator=gen)
     uniforms = torch.rand(trials, 2, generator=gen)
     target = torch.stack([p, dist(1, 1, 1, 1, 1)])
-    for d, u in zip(drafts.tolist(), uniforms):
+    for d, u in zip(drafts.tolist(), uniforms, strict=True):
         n, nxt = rule(torch.tensor([d]), q[None], target, u)
         counts[d if n == 1 else nxt] += 1
     return 0.5 * (counts / trials - p).abs().sum().item()
