@@ -97,6 +97,16 @@ def test_real_draft_model_is_lossless_in_both_modes(tiny_pair, target, k):
             assert result.tokens == expected, mode
 
 
+def test_overlap_under_inference_mode(tiny_pair):
+    """`dfvg generate` / `dfvg run` allocate caches under inference_mode; the draft thread must follow it."""
+    with torch.inference_mode():
+        target = TorchVerifier(load_model(tiny_pair[0]))
+        drafter = TorchDrafter(load_model(tiny_pair[1]), target.vocab_size)
+        expected = plain(target, PROMPTS["long"], 20)
+        result = run_pipeline(target, drafter, PROMPTS["long"], 20, draft_length=3, mode="overlap")
+    assert result.tokens == expected
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_target_as_draft_uses_every_early_block(tiny_pair, target, k):
     """Agreeing everywhere, every block after the first was drafted ahead and none is discarded."""

@@ -173,13 +173,28 @@ def sync_loop(run: Run) -> None:
             return
 
 
+def in_callers_mode(fn):
+    """fn, to run on the worker under the caller's inference/grad mode.
+
+    Both modes are thread-local in torch: KV caches allocated under `inference_mode` (as `dfvg generate`
+    and `dfvg run` do) can only be updated in place by a thread that is in inference mode too.
+    """
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    def call(*args):
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad and not inference):
+            return fn(*args)
+
+    return call
+
+
 def launch_ahead(run: Run, pool: ThreadPoolExecutor, block: DraftBlock) -> Future | None:
     """Start drafting [bonus guess, *block n+1] after committed + block n, or None when it cannot pay off."""
     left = run.remaining - len(block.tokens) - 1  # tokens still missing if block n is fully accepted
     k_next = min(run.k_if_accepted(len(block.tokens)), left - 1)
     if k_next < 1 or any(token in run.eos for token in block.tokens):
         return None
-    return pool.submit(draft, run, run.seq + block.tokens, k_next + 1, run.draft_rng)
+    return pool.submit(in_callers_mode(draft), run, run.seq + block.tokens, k_next + 1, run.draft_rng)
 
 
 def resolve_ahead(run: Run, future: Future | None, block: DraftBlock, num_accepted: int,
@@ -221,7 +236,7 @@ def prefill(run: Run, prompt_ids: list[int], max_seq_len: int, pool: ThreadPoolE
         return start, tl.now()
 
     begin = tl.now()
-    future = pool.submit(draft_prefill) if pool is not None else None
+    future = pool.submit(in_callers_mode(draft_prefill)) if pool is not None else None
     run.verifier.prefill(prompt_ids, max_seq_len)
     synchronize(run.verifier.device)
     tl.record("prefill", run.verify_device, begin, tl.now(), len(prompt_ids) - 1)
