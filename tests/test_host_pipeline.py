@@ -103,8 +103,10 @@ def test_overlap_under_inference_mode(tiny_pair):
         target = TorchVerifier(load_model(tiny_pair[0]))
         drafter = TorchDrafter(load_model(tiny_pair[1]), target.vocab_size)
         expected = plain(target, PROMPTS["long"], 20)
+        # sync first: the drafter's caches are then allocated by the main thread, in inference mode
+        synced = run_pipeline(target, drafter, PROMPTS["long"], 20, draft_length=3, mode="sync")
         result = run_pipeline(target, drafter, PROMPTS["long"], 20, draft_length=3, mode="overlap")
-    assert result.tokens == expected
+    assert result.tokens == synced.tokens == expected
 
 
 @pytest.mark.parametrize("k", [1, 4])

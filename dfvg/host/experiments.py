@@ -335,9 +335,7 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
         torch.set_num_threads(cfg.threads)
     started = datetime.now(timezone.utc)
     nvml = Nvml.open()
-    # Not inference_mode: it is thread-local, and the overlap pipeline's draft thread must be able to
-    # update KV caches allocated here; no_grad alone keeps autograd out (also under `dfvg run`).
-    with torch.inference_mode(False), torch.no_grad():
+    with torch.inference_mode():  # the overlap pipeline's draft thread follows this mode (pipeline.py)
         ctx = build_context(cfg, nvml)
         variants = execute(cfg, ctx)
     results = RunResults(
