@@ -18,12 +18,13 @@ from dfvg.host.pipeline import run_pipeline
 from dfvg.host.timeline import Timeline, overlapping
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import TorchVerifier
-from tests.conftest import EOS_ID, VOCAB
+from tests.conftest import EOS_ID
+from tests.test_speculative import ScriptedDrafter
 
 PROMPTS = {"short": [7], "long": list(range(2, 60))}
 
 
-class CacheCheckingDrafter:
+class CacheCheckingDrafter(ScriptedDrafter):
     """Proposes the target's own greedy continuation (corrupted at chosen absolute positions) and keeps a
     list of the tokens its 'cache' holds, so a wrong rollback from the engine fails loudly.
 
@@ -31,24 +32,14 @@ class CacheCheckingDrafter:
     """
 
     def __init__(self, reference: list[int], corrupt=None, on_propose=None):
-        self.reference, self.corrupt, self.on_propose = reference, corrupt, on_propose
-        self.device = torch.device("cpu")
+        super().__init__(reference, corrupt)
+        self.on_propose = on_propose
         self.cache: list[int] = []
-        self.cached_len = 0
         self.calls = 0
 
     def prefill(self, prompt_ids, max_seq_len):
         self.cache = list(prompt_ids[:-1])
         self.cached_len = len(self.cache)
-
-    def rollback(self, num_valid):
-        self.cached_len = min(self.cached_len, num_valid)
-
-    def _token(self, position: int) -> int:
-        true = self.reference[position] if position < len(self.reference) else 0
-        if self.corrupt == "all" or (self.corrupt and position in self.corrupt):
-            return (true + 1) % VOCAB
-        return true
 
     def propose(self, context, k, sampling, generator):
         assert self.cache[: self.cached_len] == context[: self.cached_len], "stale draft cache was reused"
