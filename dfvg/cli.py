@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(commands)
     run = commands.add_parser("run", help="run an experiment config (same as scripts/run_experiments.py)")
     run.add_argument("--config", required=True, help="experiment YAML, e.g. configs/default.yaml")
-    run.add_argument("--output", help="results directory (default: from the config)")
+    run.add_argument("--output", help="results root (default: output_dir from the config, else results/)")
     return parser
 
 

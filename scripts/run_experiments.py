@@ -11,28 +11,17 @@ the config is one line on stderr and exit status 2.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dfvg.errors import UserError  # noqa: E402
+from dfvg.cli import main as dfvg_main  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/default.yaml")
-    parser.add_argument("--output", help="results root (default: output_dir from the config, else results/)")
-    args = parser.parse_args(argv)
-    try:
-        from dfvg.host.experiments import run_experiments
-
-        run_experiments(args.config, output=args.output)
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    """`dfvg run` with these arguments: one parser and one error path for both entry points."""
+    return dfvg_main(["run", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
