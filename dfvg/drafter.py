@@ -89,10 +89,7 @@ class TorchDrafter:
 
     def _next_logits(self, tokens: list[int], start_pos: int) -> Tensor:
         """Feed tokens at start_pos.. and return the logits [V] after the last one, in the target's vocab."""
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        positions = torch.arange(start_pos, start_pos + len(tokens), device=self.device)[None]
-        logits = self.model(ids, positions, last_only=True)[0, -1]
-        return fit_vocab(logits, self.vocab_size)
+        return fit_vocab(self.model.feed(tokens, start_pos, last_only=True)[-1], self.vocab_size)
 
 
 def fit_vocab(logits: Tensor, vocab_size: int) -> Tensor:

@@ -217,6 +217,13 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.max_batch, self.max_seq_len = batch_size, max_seq_len
 
+    def feed(self, tokens: list[int], start_pos: int, last_only: bool = False) -> Tensor:
+        """Batch-1 convenience: tokens at positions start_pos.. -> logits [T, V] ([1, V] with last_only)."""
+        device = self.tok_embeddings.weight.device
+        ids = torch.tensor([tokens], dtype=torch.long, device=device)
+        positions = torch.arange(start_pos, start_pos + len(tokens), device=device)[None]
+        return self(ids, positions, last_only=last_only)[0]
+
     def forward(self, input_ids: Tensor, input_pos: Tensor, last_only: bool = False) -> Tensor:
         """input_ids, input_pos [B, T] -> float32 logits [B, T, V] (or [B, 1, V] with last_only).
 

@@ -26,15 +26,9 @@ class TorchVerifier:
         """Allocate the cache and process all prompt tokens but the last."""
         self.model.setup_cache(1, max_seq_len)
         if len(prompt_ids) > 1:
-            self.forward(prompt_ids[:-1], 0, last_only=True)
-
-    def forward(self, tokens: list[int], start_pos: int, last_only: bool = False) -> Tensor:
-        """Feed tokens at positions start_pos.. -> float32 logits [T, V] ([1, V] with last_only)."""
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        positions = torch.arange(start_pos, start_pos + len(tokens), device=self.device)[None]
-        return self.model(ids, positions, last_only=last_only)[0]
+            self.model.feed(prompt_ids[:-1], 0, last_only=True)
 
     @torch.inference_mode()
     def score(self, tokens: list[int], start_pos: int) -> Tensor:
         """Logits [len(tokens), V] of the token after each of `tokens`."""
-        return self.forward(tokens, start_pos)
+        return self.model.feed(tokens, start_pos)

@@ -215,8 +215,7 @@ class GraphVerifier:
         self.gm.ensure_cache(max(max_seq_len, self.min_cache_len))
         if len(prompt_ids) > 1:
             with torch.inference_mode():
-                ids = torch.tensor([prompt_ids[:-1]], dtype=torch.long, device=self.device)
-                self.model(ids, torch.arange(len(prompt_ids) - 1, device=self.device)[None], last_only=True)
+                self.model.feed(prompt_ids[:-1], 0, last_only=True)
 
     @torch.inference_mode()
     def score(self, tokens: list[int], start_pos: int) -> Tensor:
