@@ -41,6 +41,19 @@ class GenerationResult:
     decode_s: float = 0.0
     stopped_by: str = "max_new_tokens"
 
+    @property
+    def hit_eos(self) -> bool:
+        return self.stopped_by == "eos"
+
+    def commit(self, committed: list[int], eos: set[int]) -> list[int]:
+        """Append a step's tokens up to and including the first EOS (which ends generation); returns them."""
+        stop = next((i for i, token in enumerate(committed) if token in eos), None)
+        if stop is not None:
+            committed = committed[: stop + 1]
+            self.stopped_by = "eos"
+        self.tokens += committed
+        return committed
+
     def stats(self) -> dict:
         """The canonical metrics of this generation (see dfvg/stats.py for definitions)."""
         total_s = self.prefill_s + self.decode_s
@@ -149,13 +162,8 @@ def generate(
         step_k = min(k, max_new_tokens - len(result.tokens) - 1)
         committed, record = speculative_step(verifier, drafter, seq, step_k, sampling, rng)
         result.steps.append(record)
-        stop = next((i for i, token in enumerate(committed) if token in eos), None)
-        if stop is not None:
-            committed = committed[: stop + 1]
-            result.stopped_by = "eos"
-        seq += committed
-        result.tokens += committed
-        if stop is not None:
+        seq += result.commit(committed, eos)
+        if result.hit_eos:
             break
     result.decode_s = time.perf_counter() - decode_start
     return result

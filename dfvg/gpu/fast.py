@@ -103,11 +103,8 @@ class FastGreedy:
             result.steps.append(StepRecord(self.k, num, 0.0, now - step_start, None))
             step_start = now
             committed = (drafts[:num] + [nxt])[: max_new_tokens - len(result.tokens)]
-            stop = next((i for i, token in enumerate(committed) if token in eos), None)
-            if stop is not None:
-                result.tokens += committed[: stop + 1]
-                result.stopped_by = "eos"
+            result.commit(committed, eos)
+            if result.hit_eos:
                 break
-            result.tokens += committed
         result.decode_s = time.perf_counter() - decode_start
         return result

@@ -99,13 +99,8 @@ def commit_row(row: Row, block: DraftBlock, num_accepted: int, next_token: int, 
     committed = block.tokens[:num_accepted] + [next_token]
     row.drafter.rollback(len(row.seq) + num_accepted)  # the engine's contract, as in dfvg.generate
     row.result.steps.append(StepRecord(len(block.tokens), num_accepted, block.elapsed_s, verify_s, block.modeled_s))
-    stop = next((i for i, token in enumerate(committed) if token in eos), None)
-    if stop is not None:
-        committed = committed[: stop + 1]
-        row.result.stopped_by = "eos"
-    row.seq += committed
-    row.result.tokens += committed
-    row.done = stop is not None or len(row.result.tokens) >= max_new_tokens
+    row.seq += row.result.commit(committed, eos)
+    row.done = row.result.hit_eos or len(row.result.tokens) >= max_new_tokens
 
 
 def batch_step(verifier: TorchVerifier, rows: list[Row], k: int, sampling: SamplingParams, eos: set[int],

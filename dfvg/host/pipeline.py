@@ -157,13 +157,8 @@ def commit(run: Run, block: DraftBlock, num_accepted: int, next_token: int, veri
     run.result.steps.append(StepRecord(len(block.tokens), num_accepted, block.elapsed_s, verify_s, block.modeled_s))
     if run.adaptive is not None:
         run.adaptive.update(len(block.tokens), num_accepted)
-    stop = next((i for i, token in enumerate(committed) if token in run.eos), None)
-    if stop is not None:
-        committed = committed[: stop + 1]
-        run.result.stopped_by = "eos"
-    run.seq += committed
-    run.result.tokens += committed
-    return stop is not None or run.remaining <= 0
+    run.seq += run.result.commit(committed, run.eos)
+    return run.result.hit_eos or run.remaining <= 0
 
 
 def sync_loop(run: Run) -> None:
