@@ -66,7 +66,7 @@ stage_eval() {
     local drafts=()
     for shape in $SHAPES; do drafts+=("$RESULTS/$(name_of "$shape")"); done
     python benchmarks/distill_eval.py --target "$TARGET" --baseline-draft "$BASELINE" --distilled "${drafts[@]}" \
-        --device "$DEVICE" --ks 2,4,6,8 --e2e-prompts 8 --e2e-tokens 128 --e2e-k 4 --fpga-bits 8,4 \
+        --device "$DEVICE" --ks 2,4,6,8 --e2e-prompts 8 --e2e-tokens 128 --e2e-k 2,4,6,8 --fpga-bits 8,4 \
         --output "$RESULTS/eval.json"
 }
 

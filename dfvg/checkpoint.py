@@ -86,6 +86,7 @@ def config_from_dict(raw: dict) -> ModelConfig:
         qk_norm=model_type == "qwen3",
         max_position_embeddings=raw.get("max_position_embeddings", 32768),
         head_vocab_size=_head_vocab(raw),
+        embed_rows=_embed_rows(raw),
     )
 
 
@@ -94,10 +95,20 @@ def _head_vocab(raw: dict) -> int | None:
     head = raw.get("dfvg_head_vocab")
     if head is None:
         return None
-    if not isinstance(head, int) or not 0 < head <= raw["vocab_size"] or raw.get("tie_word_embeddings"):
-        raise UserError(f"dfvg_head_vocab must be an int in [1, vocab_size={raw['vocab_size']}] with untied "
-                        f"embeddings, got {head!r}")
+    if not isinstance(head, int) or not 0 < head <= raw["vocab_size"]:
+        raise UserError(f"dfvg_head_vocab must be an int in [1, vocab_size={raw['vocab_size']}], got {head!r}")
+    if raw.get("tie_word_embeddings") and not raw.get("dfvg_embed_rows"):
+        raise UserError("dfvg_head_vocab with tie_word_embeddings needs dfvg_embed_rows: true (the input "
+                        "embedding must have the head's rows to be tied to it)")
     return head
+
+
+def _embed_rows(raw: dict) -> bool:
+    """`dfvg_embed_rows`: the input embedding has the head's rows too, with a token -> row table."""
+    flag = raw.get("dfvg_embed_rows", False)
+    if not isinstance(flag, bool) or (flag and raw.get("dfvg_head_vocab") is None):
+        raise UserError(f"dfvg_embed_rows must be true or false and needs dfvg_head_vocab, got {flag!r}")
+    return flag
 
 
 def load_config(path: str | Path) -> ModelConfig:
@@ -182,18 +193,20 @@ def _layer_state(tensors: dict[str, Tensor], cfg: ModelConfig, i: int) -> dict[s
 
 def convert_state_dict(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
     """HF tensor names -> Transformer's state dict, checking every shape. Consumes `tensors`."""
-    embed = _take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+    embed = _take(tensors, "model.embed_tokens.weight", (cfg.embed_vocab_size, cfg.hidden_size))
     state = {"tok_embeddings.weight": embed, "norm.weight": _take(tensors, "model.norm.weight", (cfg.hidden_size,))}
     for i in range(cfg.num_layers):
         state.update(_layer_state(tensors, cfg, i))
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
         state["output.weight"] = embed
-    elif cfg.head_vocab_size:
-        state["output.weight"] = _take(tensors, "lm_head.weight", (cfg.head_vocab_size, cfg.hidden_size))
-        state["head_token_ids"] = _head_token_ids(_take(tensors, "lm_head.token_ids", (cfg.head_vocab_size,)), cfg)
     else:
-        state["output.weight"] = _take(tensors, "lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
+        rows = cfg.head_vocab_size or cfg.vocab_size
+        state["output.weight"] = _take(tensors, "lm_head.weight", (rows, cfg.hidden_size))
+    if cfg.head_vocab_size:
+        state["head_token_ids"] = _head_token_ids(_take(tensors, "lm_head.token_ids", (cfg.head_vocab_size,)), cfg)
+    if cfg.embed_rows:
+        state["token_rows"] = _token_rows(_take(tensors, "model.embed_tokens.token_rows", (cfg.vocab_size,)), cfg)
     leftovers = sorted(name for name in tensors if "rotary_emb" not in name)
     if leftovers:
         raise UserError(f"checkpoint has tensors this architecture does not use: {', '.join(leftovers[:5])}")
@@ -207,6 +220,13 @@ def _head_token_ids(ids: Tensor, cfg: ModelConfig) -> Tensor:
     if bool((ids[1:] <= ids[:-1]).any()):
         raise UserError("lm_head.token_ids must be strictly ascending (re-save the draft with dfvg.distill)")
     return ids.long()
+
+
+def _token_rows(rows: Tensor, cfg: ModelConfig) -> Tensor:
+    """The token -> embedding-row table: integers in [0, head_vocab_size)."""
+    if rows.is_floating_point() or int(rows.min()) < 0 or int(rows.max()) >= cfg.embed_vocab_size:
+        raise UserError(f"model.embed_tokens.token_rows must be integer rows in [0, {cfg.embed_vocab_size})")
+    return rows.long()
 
 
 def resolve_dtype(name: str) -> torch.dtype:

@@ -47,6 +47,12 @@ class ModelConfig:
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
     max_position_embeddings: int = 32768
     head_vocab_size: int | None = None  # LM head over a token subset (docs/distill.md); None = all vocab_size
+    embed_rows: bool = False  # input embedding over the head's tokens too, via a token -> row table
+
+    @property
+    def embed_vocab_size(self) -> int:
+        """Rows of the input embedding: the head's with `embed_rows`, else the full vocabulary."""
+        return self.head_vocab_size if self.embed_rows and self.head_vocab_size else self.vocab_size
 
     @property
     def qkv_size(self) -> int:
@@ -189,7 +195,7 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.tok_embeddings = nn.Embedding(config.embed_vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.output = nn.Linear(config.hidden_size, config.head_vocab_size or config.vocab_size, bias=False)
@@ -197,6 +203,10 @@ class Transformer(nn.Module):
             # A distilled FPGA-sized draft's head has one row per token of `head_token_ids` [Vh] (ascending
             # ids); forward scatters its logits into the full vocabulary, so a token outside is never drafted.
             self.register_buffer("head_token_ids", torch.zeros(config.head_vocab_size, dtype=torch.long))
+        if config.embed_rows:
+            # ...and its input embedding too: token id -> row (its own for head tokens, the nearest head
+            # token's for the rest), so embedding and head can be one tied [Vh, D] table (docs/distill.md).
+            self.register_buffer("token_rows", torch.zeros(config.vocab_size, dtype=torch.long))
         if config.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.max_seq_len = 0
@@ -230,7 +240,7 @@ class Transformer(nn.Module):
         Positions must lie below the cache length given to `setup_cache`; the callers check that with host
         integers, because reading `input_pos` here would force a device sync (and break CUDA graph capture).
         """
-        x = self.tok_embeddings(input_ids)
+        x = self.embed(input_ids)
         dtype = x.dtype
         cos = self.rope_cos[input_pos].to(dtype).unsqueeze(2)  # [B, T, 1, hd]
         sin = self.rope_sin[input_pos].to(dtype).unsqueeze(2)
@@ -240,8 +250,19 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, input_pos, mask)
         if last_only:
             x = x[:, -1:]
-        logits = self.output(self.norm(x)).float()
+        return self.logits(x)
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """Token ids [...] -> embeddings [..., D]; shared with the CUDA-graph forward like `logits`."""
+        return self.tok_embeddings(self.token_rows[input_ids] if self.config.embed_rows else input_ids)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Final norm + LM head: hidden [..., D] -> float32 logits over the full vocabulary [..., V].
+
+        Shared by `forward` and the CUDA-graph forward (dfvg.gpu.graphs), so a head-vocabulary draft's
+        rows are mapped back to token ids on every path."""
+        logits = self.output(self.norm(hidden)).float()
         if self.config.head_vocab_size:
             full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-            logits = full.index_copy_(-1, self.head_token_ids, logits)  # [B, T, Vh] -> [B, T, V]
+            logits = full.index_copy_(-1, self.head_token_ids, logits)  # [..., Vh] -> [..., V]
         return logits

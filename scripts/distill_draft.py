@@ -42,17 +42,24 @@ def parse_args(argv: list[str] | None) -> DistillOptions:
     p.add_argument("--kv-heads", type=int, default=0, help="0 = heads // 4")
     p.add_argument("--intermediate", type=int, default=0, help="0 = 3 x hidden")
     p.add_argument("--vocab-top", type=int, default=0, help="LM head over the V most frequent target tokens; 0 = all")
+    p.add_argument("--embed", default="head",
+                   help="head: input embedding over the head's tokens, tied to it (small, all on chip); "
+                        "full: every token's own row, untied")
+    p.add_argument("--save-dtype", default="bfloat16", help="bfloat16 or float32 (the weights on disk)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (teacher generation and training)")
-    p.add_argument("--prompts", default="humaneval", help="comma list of humaneval, sharegpt or files, each [:N]")
+    p.add_argument("--prompts", default="humaneval",
+                   help="comma list of humaneval, sharegpt or files, each [:LIMIT][*SAMPLES per training prompt]")
     p.add_argument("--heldout-fraction", type=float, default=0.25)
     p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--teacher-top-k", type=int, default=32)
     p.add_argument("--teacher-temperature", type=float, default=0.0, help="0 = greedy training continuations")
+    p.add_argument("--sample-temperature", type=float, default=0.7,
+                   help="temperature of the extra continuations asked for with source*N")
     p.add_argument("--teacher-batch", type=int, default=16)
     p.add_argument("--teacher-dtype", default="", help="float32 or bfloat16 (default: bfloat16 on cuda)")
     p.add_argument("--teacher-cache", default="", help="teacher data folder (default: <output>/teacher)")
@@ -67,10 +74,12 @@ def parse_args(argv: list[str] | None) -> DistillOptions:
         p.error(f"--eval-k must be comma-separated integers, got {a.eval_k!r}")
     return DistillOptions(
         target=a.target, output=a.output, layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads,
-        intermediate=a.intermediate, vocab_top=a.vocab_top, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
+        intermediate=a.intermediate, vocab_top=a.vocab_top, embed=a.embed, save_dtype=a.save_dtype,
+        steps=a.steps, batch_size=a.batch_size, lr=a.lr,
         seed=a.seed, device=a.device, prompts=a.prompts, heldout_fraction=a.heldout_fraction,
         max_prompt_tokens=a.max_prompt_tokens, max_new_tokens=a.max_new_tokens, teacher_top_k=a.teacher_top_k,
-        teacher_temperature=a.teacher_temperature, teacher_batch=a.teacher_batch, teacher_dtype=a.teacher_dtype,
+        teacher_temperature=a.teacher_temperature, sample_temperature=a.sample_temperature,
+        teacher_batch=a.teacher_batch, teacher_dtype=a.teacher_dtype,
         teacher_cache=a.teacher_cache, init=a.init, eval_ks=ks, board=a.board, verify_ms=a.verify_ms)
 
 

@@ -95,6 +95,22 @@ def test_held_out_prompts_never_trained_and_split_is_deterministic(distilled, se
     assert recipe["heldout_prompts"] == summary["heldout_prompts"] and recipe["options"]["seed"] == 0
 
 
+def test_extra_samples_per_training_prompt(setup):
+    """`source*3`: two more sampled continuations per training prompt, none for held-out prompts."""
+    cache = setup / "teacher-x3"
+    summary = run(options(setup, "draft-x3", prompts=str(setup / "prompts.jsonl") + "*3", steps=2,
+                          teacher_cache=str(cache)), log=lambda line: None)
+    meta = json.loads((cache / "train-samples" / data.TEACHER_META).read_text())
+    train = data.load_teacher(cache / "train", json.loads((cache / "train" / data.TEACHER_META).read_text()))
+    extra = data.load_teacher(cache / "train-samples", meta)
+    held = data.load_teacher(cache / "heldout", json.loads((cache / "heldout" / data.TEACHER_META).read_text()))
+    assert meta["temperature"] == 0.7 and len(train) == len(summary["train_prompts"])
+    assert len(extra) == 2 * len(train) and len(held) == len(summary["heldout_prompts"])
+    assert {tuple(s.prompt) for s in extra} == {tuple(s.prompt) for s in train}
+    greedy = {tuple(s.prompt): s.continuation for s in train}
+    assert sum(s.continuation != greedy[tuple(s.prompt)] for s in extra) > len(extra) // 4  # really sampled
+
+
 def test_head_vocabulary_file_and_tensor_agree(distilled):
     directory, _ = distilled
     record = json.loads((directory / vocab.VOCAB_FILE).read_text())
@@ -131,6 +147,28 @@ def test_saved_draft_loads_and_decoding_stays_lossless(distilled, setup, k):
         spec = generate(target, prompt, 30, eos_ids=[EOS_ID], drafter=drafter, draft_length=k)
         assert spec.tokens == plain.tokens
         assert spec.stats()["num_accepted_tokens"] > 0
+
+
+def test_graph_paths_map_head_rows_to_token_ids(distilled, setup):
+    """GraphDrafter and the fused FastGreedy step (CPU replays of the CUDA-graph bodies) draft the same
+    token ids as TorchDrafter: a head row is mapped back through head_token_ids, not used as an id."""
+    from dfvg.gpu.fast import FastGreedy
+    from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
+
+    target_model, draft_model = load_model(setup / "target"), load_model(distilled[0])
+    verifier = TorchVerifier(target_model)
+    graph_verifier = GraphVerifier(target_model, compile_blocks=False, cache_len=96)
+    graph_drafter = GraphDrafter(draft_model, VOCAB, compile_blocks=False, cache_len=96)
+    allowed = set(load_file(str(distilled[0] / "model.safetensors"))["lm_head.token_ids"].tolist())
+    for prompt in ([5, 17, 99], [150, 3, 42, 42, 7, 60]):
+        want = generate(verifier, prompt, 30, drafter=TorchDrafter(draft_model, VOCAB), draft_length=4)
+        got = generate(graph_verifier, prompt, 30, drafter=graph_drafter, draft_length=4)
+        assert got.tokens == want.tokens
+        assert [s.num_accepted for s in got.steps] == [s.num_accepted for s in want.steps]
+        fast = FastGreedy(graph_verifier, graph_drafter, 4).generate(prompt, 30)
+        assert fast.tokens == want.tokens and fast.stats()["num_accepted_tokens"] > 0
+        block = graph_drafter.propose(prompt, 4, SamplingParams(), None)
+        assert set(block.tokens) <= allowed
 
 
 def test_teacher_forced_acceptance_equals_real_speculative_steps(distilled, setup):
@@ -170,6 +208,9 @@ def test_full_vocabulary_head_and_pca_init(setup):
     (["--hidden", "100"], "--hidden"),
     (["--eval-k", "two"], "--eval-k"),
     (["--init", "zeros"], "--init"),
+    (["--embed", "half"], "--embed"),
+    (["--save-dtype", "int8"], "--save-dtype"),
+    (["--prompts", "humaneval*0"], "'*'"),
     (["--device", "cuda:7"], "cuda"),
     (["--bogus"], "unrecognized"),
 ])
@@ -206,6 +247,38 @@ def test_checkpoint_refuses_a_bad_head_table(distilled, tmp_path):
     save_file(tensors, str(bad / "model.safetensors"))
     with pytest.raises(UserError, match="ascending"):
         load_model(bad)
+
+
+def test_embedding_over_the_head_rows_is_tied_small_and_checked(distilled, tmp_path):
+    """--embed head (the default): one bf16 [Vh, D] table for embedding and head, a token -> row table."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    directory, _ = distilled
+    config = json.loads((directory / "config.json").read_text())
+    assert config["dfvg_embed_rows"] and config["tie_word_embeddings"] and config["torch_dtype"] == "bfloat16"
+    tensors = load_file(str(directory / "model.safetensors"))
+    assert "lm_head.weight" not in tensors and tensors["model.embed_tokens.weight"].shape == (HEAD, 32)
+    assert tensors["model.embed_tokens.weight"].dtype == torch.bfloat16
+    rows, head = tensors["model.embed_tokens.token_rows"], tensors["lm_head.token_ids"]
+    assert rows.shape == (VOCAB,) and torch.equal(rows[head], torch.arange(HEAD))
+    model = load_model(directory)
+    assert model.output.weight is model.tok_embeddings.weight
+    bad = tmp_path / "bad"
+    shutil.copytree(directory, bad, ignore=shutil.ignore_patterns("teacher"))
+    tensors["model.embed_tokens.token_rows"] = torch.full((VOCAB,), HEAD)
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(UserError, match="token_rows"):
+        load_model(bad)
+
+
+def test_full_embedding_with_a_head_vocabulary(setup):
+    run(options(setup, "full-embed", embed="full", save_dtype="float32", steps=2), log=lambda line: None)
+    tensors = load_file(str(setup / "full-embed" / "model.safetensors"))
+    assert tensors["model.embed_tokens.weight"].shape == (VOCAB, 32) and tensors["lm_head.weight"].shape == (HEAD, 32)
+    assert "model.embed_tokens.token_rows" not in tensors and tensors["lm_head.weight"].dtype == torch.float32
+    assert load_model(setup / "full-embed").config.embed_rows is False
 
 
 def test_fpga_datapath_drafts_inside_the_head_and_stays_lossless(setup, tmp_path):

@@ -51,8 +51,11 @@ def test_block_steps_docstring_example():
 
 
 def test_parse_sources_and_split_validation():
-    assert data.parse_sources("humaneval, sharegpt:2000,dir/x.jsonl") == [
-        ("humaneval", None), ("sharegpt", 2000), ("dir/x.jsonl", None)]
+    assert data.parse_sources("humaneval*8, sharegpt:2000,dir/x.jsonl,h:10*2") == [
+        ("humaneval", None, 8), ("sharegpt", 2000, 1), ("dir/x.jsonl", None, 1), ("h", 10, 2)]
+    for bad in ("humaneval*0", "humaneval*x", " , "):
+        with pytest.raises(UserError):
+            data.parse_sources(bad)
     prompts = [data.Prompt(f"s/{i}", [1]) for i in range(40)]
     train, held = data.split(prompts, 0.25)
     assert len(train) + len(held) == 40 and 3 <= len(held) <= 20
@@ -87,3 +90,9 @@ def test_a_prompt_file_named_like_a_builtin_set_gets_its_keys(tmp_path):
     (tmp_path / "humaneval.jsonl").write_text('{"task_id": "HumanEval/3", "prompt": "w5 w6"}\n')
     prompts = data.load_prompt_ids(str(tmp_path / "humaneval.jsonl"), build_tokenizer(), 1)
     assert prompts == [data.Prompt("humaneval/HumanEval/3", [6])]
+
+
+def test_token_rows_map_head_tokens_to_their_rows_and_others_to_the_nearest():
+    embed = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [0.2, 0.8], [-1.0, 0.05]])
+    rows = vocab.token_rows(embed, torch.tensor([0, 1, 4]), chunk=2)
+    assert rows.tolist() == [0, 1, 0, 1, 2]

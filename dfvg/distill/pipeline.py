@@ -28,6 +28,8 @@ from dfvg.stats import Metric
 from dfvg.tokenizer import eos_token_ids, load_tokenizer
 
 INITS = ("target-pca", "random")
+EMBEDS = ("head", "full")
+SAVE_DTYPES = ("bfloat16", "float32")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class DistillOptions:
     kv_heads: int = 0
     intermediate: int = 0
     vocab_top: int = 0  # 0 = full-vocabulary head
+    embed: str = "head"  # input embedding over the head's rows, tied to it ("full": all rows, untied)
+    save_dtype: str = "bfloat16"
     steps: int = 200
     batch_size: int = 8
     lr: float = 1e-3
@@ -51,6 +55,7 @@ class DistillOptions:
     max_new_tokens: int = 128
     teacher_top_k: int = 32
     teacher_temperature: float = 0.0
+    sample_temperature: float = 0.7  # the extra continuations of a `source*N` prompt set
     teacher_batch: int = 16
     teacher_dtype: str = ""  # "" = bfloat16 on cuda, float32 on cpu
     init: str = "target-pca"
@@ -63,6 +68,9 @@ class DistillOptions:
         if self.vocab_top < 0 or self.teacher_top_k < 1 or self.max_new_tokens < 2 or self.max_prompt_tokens < 1:
             raise UserError("need --vocab-top >= 0, --teacher-top-k >= 1, --max-new-tokens >= 2, "
                             "--max-prompt-tokens >= 1")
+        if self.embed not in EMBEDS or self.save_dtype not in SAVE_DTYPES:
+            raise UserError(f"--embed must be one of {', '.join(EMBEDS)} and --save-dtype one of "
+                            f"{', '.join(SAVE_DTYPES)}; got {self.embed!r} / {self.save_dtype!r}")
         if self.init not in INITS:
             raise UserError(f"--init must be one of {', '.join(INITS)}, got {self.init!r}")
         if self.teacher_batch < 1 or not self.eval_ks or min(self.eval_ks) < 1:
@@ -70,9 +78,16 @@ class DistillOptions:
         if self.verify_ms is not None and not self.verify_ms > 0:
             raise UserError(f"--verify-ms must be > 0, got {self.verify_ms}")
         SamplingParams(self.teacher_temperature)  # its own one-line check
+        if not self.sample_temperature > 0:
+            raise UserError(f"--sample-temperature must be > 0 (extra continuations are sampled), "
+                            f"got {self.sample_temperature}")
         train.TrainParams(self.steps, self.batch_size, self.lr, seed=self.seed).check()
-        export.DraftShape(self.layers, self.hidden, self.heads, self.kv_heads, self.intermediate,
-                          self.vocab_top or None).resolved()
+        self.shape()
+
+    def shape(self) -> export.DraftShape:
+        embed_rows = self.embed == "head" and bool(self.vocab_top)  # a full-vocabulary head has all rows anyway
+        return export.DraftShape(self.layers, self.hidden, self.heads, self.kv_heads, self.intermediate,
+                                 self.vocab_top or None, embed_rows).resolved()
 
 
 def teacher_sequences(opts: DistillOptions, prompts: list[data.Prompt], temperature: float, part: str,
@@ -119,16 +134,17 @@ def target_end_tensors(target_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
 def build(opts: DistillOptions, train_seqs, target_raw: dict):
     """The untrained draft (seeded; PCA-initialised ends unless --init random), its config and head ids."""
     target_cfg = load_config(opts.target)
-    shape = export.DraftShape(opts.layers, opts.hidden, opts.heads, opts.kv_heads, opts.intermediate,
-                              opts.vocab_top or None).resolved()
+    shape = opts.shape()
     counts = vocab.count_tokens(s.continuation for s in train_seqs)
     head_ids = None
     if opts.vocab_top:
         head_ids = vocab.choose_head_vocab(counts, opts.vocab_top, target_cfg.vocab_size, eos_token_ids(opts.target))
     hf_config = export.draft_hf_config(target_cfg, target_raw, shape)
-    model = train.build_draft(config_from_dict(hf_config), head_ids, opts.seed)
+    ends = target_end_tensors(opts.target) if shape.embed_rows or opts.init == "target-pca" else None
+    rows = vocab.token_rows(ends[0], head_ids, resolve_device(opts.device)) if shape.embed_rows else None
+    model = train.build_draft(config_from_dict(hf_config), head_ids, opts.seed, rows)
     if opts.init == "target-pca":
-        train.init_from_target(model, *target_end_tensors(opts.target))
+        train.init_from_target(model, *ends)
     return model, hf_config, head_ids, counts, shape
 
 
@@ -153,9 +169,13 @@ def run(opts: DistillOptions, log=print) -> dict:
     target_raw = read_json(target_dir / "config.json", "config.json")
     prompts = data.load_prompt_ids(opts.prompts, load_tokenizer(target_dir), opts.max_prompt_tokens)
     train_prompts, held_prompts = data.split(prompts, opts.heldout_fraction)
-    log(f"data: {len(train_prompts)} train / {len(held_prompts)} held-out prompts")
+    log(f"data: {len(train_prompts)} train / {len(held_prompts)} held-out prompts, "
+        f"{sum(p.samples for p in train_prompts)} training continuations")
     loaded: dict = {}
     train_seqs = teacher_sequences(opts, train_prompts, opts.teacher_temperature, "train", loaded, log)
+    extra = [p for p in train_prompts for _ in range(p.samples - 1)]
+    if extra:  # duplicates sit in one batch with their own uniforms, so each is a different sample
+        train_seqs += teacher_sequences(opts, extra, opts.sample_temperature, "train-samples", loaded, log)
     held_seqs = teacher_sequences(opts, held_prompts, 0.0, "heldout", loaded, log)
     loaded.clear()
     gc.collect()
@@ -179,7 +199,7 @@ def run(opts: DistillOptions, log=print) -> dict:
                "head_coverage_of_train_tokens": vocab.coverage(counts, head_ids) if head_ids is not None else 1.0,
                "sizing": sizing_report(model.config, opts, log)}
     output = Path(opts.output)
-    export.save_draft(model.cpu(), output, hf_config, target_dir, summary)
+    export.save_draft(model.cpu(), output, hf_config, target_dir, summary, getattr(torch, opts.save_dtype))
     if head_ids is not None:
         vocab.save_vocab(output, head_ids, counts, f"continuations of {len(train_prompts)} training prompts")
     return summary

@@ -91,7 +91,7 @@ def size_draft(cfg: ModelConfig, bits: int, board: str = "u280", k: int = 4, con
         kv_bytes=Metric(float(kv), "B", "modeled", f"int8 K/V x {design.max_context} positions"),
         usable_on_chip_bytes=Metric(float(placement.on_chip_budget_bytes), "B", "modeled",
                                     f"{design.on_chip_usable_fraction:.0%} of BRAM+URAM minus the shell"),
-        embedding_hbm_bytes=Metric(float(cfg.vocab_size * (cfg.hidden_size + ROW_PARAM_BYTES)), "B", "modeled",
+        embedding_hbm_bytes=Metric(float(cfg.embed_vocab_size * (cfg.hidden_size + ROW_PARAM_BYTES)), "B", "modeled",
                                    "int8 rows + per-row multipliers, one row read per token"),
         fits_on_chip=fits, block_time=estimate.block_time, verify_time=verify, hides_behind_verify=hides,
     )

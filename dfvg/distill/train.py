@@ -46,8 +46,9 @@ class TrainParams:
             raise UserError(f"need --steps >= 1, --batch-size >= 1, --lr > 0, warmup >= 0; got {self}")
 
 
-def build_draft(cfg: ModelConfig, head_ids: Tensor | None, seed: int) -> Transformer:
-    """A seeded random draft (normal(0, 0.02) matrices, zero biases, unit norms), on the CPU in float32."""
+def build_draft(cfg: ModelConfig, head_ids: Tensor | None, seed: int, rows: Tensor | None = None) -> Transformer:
+    """A seeded random draft (normal(0, 0.02) matrices, zero biases, unit norms), on the CPU in float32;
+    `rows` is the token -> embedding-row table of a draft with `embed_rows`."""
     generator = torch.Generator().manual_seed(seed)
     model = Transformer(cfg)
     with torch.no_grad():
@@ -60,6 +61,8 @@ def build_draft(cfg: ModelConfig, head_ids: Tensor | None, seed: int) -> Transfo
                 param.copy_(torch.randn(param.shape, generator=generator) * INIT_STD)
         if head_ids is not None:
             model.head_token_ids.copy_(head_ids)
+        if cfg.embed_rows:
+            model.token_rows.copy_(rows)
     return model
 
 
@@ -68,7 +71,8 @@ def init_from_target(model: Transformer, embed: Tensor, head: Tensor) -> None:
     """Start the draft's embedding and head as the target's [V, Dt] tensors projected on their shared top-D
     principal directions (the draft then begins with the target's token geometry, not noise).
 
-    Rows are rescaled to the target's per-element RMS; the head keeps only the rows of the head's ids.
+    Rows are rescaled to the target's per-element RMS; the head (and, with `embed_rows`, the embedding)
+    keeps only the rows of the head's ids.
     """
     d = model.config.hidden_size
     if d > embed.shape[1]:
@@ -78,7 +82,8 @@ def init_from_target(model: Transformer, embed: Tensor, head: Tensor) -> None:
     covariance = stacked.T @ stacked  # [Dt, Dt]
     _, vectors = torch.linalg.eigh(covariance.double())
     basis = vectors[:, -d:].flip(-1).float()  # [Dt, d], largest component first
-    for tensor, source in ((model.tok_embeddings.weight, embed.float()), (model.output.weight, head_rows.float())):
+    embed_rows = embed[model.head_token_ids.cpu()] if model.config.embed_rows else embed
+    for tensor, source in ((model.tok_embeddings.weight, embed_rows.float()), (model.output.weight, head_rows.float())):
         projected = source @ basis
         tensor.copy_(projected * (source.pow(2).mean().sqrt() / projected.pow(2).mean().sqrt().clamp_min(1e-12)))
 

@@ -73,6 +73,24 @@ def save_vocab(directory: str | Path, head_ids: Tensor, counts: Counter, source:
     (Path(directory) / VOCAB_FILE).write_text(json.dumps(record))
 
 
+@torch.no_grad()
+def token_rows(target_embed: Tensor, head_ids: Tensor, device: torch.device | str = "cpu",
+               chunk: int = 4096) -> Tensor:
+    """Long [V]: the embedding row of every token id for a draft whose input embedding has the head's rows.
+
+    A head token reads its own row; any other token reads the row of the head token nearest to it in the
+    target's input-embedding space (cosine), so a rare prompt token still arrives as something similar,
+    not as a shared "unknown" vector. Example: head ids [3, 7]; a token whose target embedding is closest
+    to token 7's reads row 1."""
+    head = torch.nn.functional.normalize(target_embed[head_ids].float().to(device), dim=-1)  # [Vh, Dt]
+    rows = torch.empty(target_embed.shape[0], dtype=torch.long)
+    for start in range(0, target_embed.shape[0], chunk):
+        part = torch.nn.functional.normalize(target_embed[start : start + chunk].float().to(device), dim=-1)
+        rows[start : start + chunk] = (part @ head.T).argmax(-1).cpu()
+    rows[head_ids] = torch.arange(head_ids.numel())
+    return rows
+
+
 def in_head_mask(head_ids: Tensor | None, vocab_size: int, device: torch.device | str = "cpu") -> Tensor:
     """Bool [vocab_size]: which ids the draft can propose (all of them for a full-vocabulary head)."""
     if head_ids is None:

@@ -159,6 +159,8 @@ class IntegerDraftModel:
     # ------------------------------------------------------------------------------------------ forward
     def embed(self, ids: Tensor) -> Tensor:
         """ids [T] -> int32 residual [T, D] (per-row int8 embedding requantized to the residual scale)."""
+        if "tok_embeddings.token_rows" in self.t:  # an embedding over the head's rows: id -> row first
+            ids = self.t["tok_embeddings.token_rows"][ids].to(torch.long)
         rows = self.t["tok_embeddings.weight"][ids].to(torch.int64)
         m, s = self.t["tok_embeddings.multiplier"][ids, None], self.t["tok_embeddings.shift"][ids, None]
         return fp.rounding_shift(rows * m.to(torch.int64), s).clamp(INT32_MIN, INT32_MAX)

@@ -282,6 +282,8 @@ def _quantize_ends(model: Transformer, stats: dict[str, Tensor], res: float) -> 
                            torch.full((rows,), logit_scale, dtype=torch.float64), 8, 0)
     if cfg.head_vocab_size:
         out["output.token_ids"] = model.head_token_ids.to(torch.int32)
+    if cfg.embed_rows:  # the embedding has the head's rows: token id -> row, looked up before the table
+        out["tok_embeddings.token_rows"] = model.token_rows.to(torch.int32)
     return out, {"head_in": head_in, "logits": logit_scale}
 
 

@@ -118,7 +118,7 @@ class GraphModel:
     def forward(self, ids: Tensor, pos: Tensor, last_only: bool = False) -> Tensor:
         """ids [1, T] long, pos [T] long -> float32 logits [T, V] ([1, V] with last_only). No host sync."""
         m = self.model
-        x = m.tok_embeddings(ids)  # [1, T, D]
+        x = m.embed(ids)  # [1, T, D]
         cos = m.rope_cos[pos].to(x.dtype)[None, :, None]  # [1, T, 1, hd]
         sin = m.rope_sin[pos].to(x.dtype)[None, :, None]
         slots = torch.arange(self.cache_len, device=ids.device)
@@ -128,7 +128,7 @@ class GraphModel:
             x = self.block(x, cos, sin, pos, mask, cache.k, cache.v, w, self.dims)
         if last_only:
             x = x[:, -1:]
-        return m.output(m.norm(x)).float()[0]
+        return m.logits(x)[0]
 
     def capture(self, key, body: Callable[[], Tensor], warmup: int = 2,
                 before: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph | EagerReplay, Tensor]:
