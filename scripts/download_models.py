@@ -11,12 +11,14 @@ The work is in `dfvg.download`; this file only parses arguments and prints user 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfvg import download  # noqa: E402
+from dfvg.distill.export import TOKENIZER_FILES  # noqa: E402
 from dfvg.errors import UserError  # noqa: E402
 from dfvg.pins import DEFAULT_PINS  # noqa: E402
 
@@ -40,6 +42,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def install_shipped_drafts(target_name: str, models_dir: Path) -> None:
+    """models/<draft>/ for every distilled draft shipped in drafts/ for this target (docs/distill.md).
+
+    The repo ships only the draft's weights, config and recipe (the target's 11 MB tokenizer would double
+    the files); the folder made here links those and copies the target's tokenizer files, so it is a
+    complete checkpoint that `dfvg generate --draft` and `--draft-device fpga` load."""
+    target_dir = models_dir / target_name
+    for shipped in sorted((REPO_ROOT / "drafts").glob(f"{target_name}-*/model.safetensors")):
+        out = models_dir / shipped.parent.name
+        out.mkdir(parents=True, exist_ok=True)
+        for item in shipped.parent.iterdir():
+            link = out / item.name
+            if not link.exists():
+                link.symlink_to(item.resolve())
+        for name in TOKENIZER_FILES:
+            if (target_dir / name).is_file():
+                shutil.copyfile(target_dir / name, out / name)
+        print(f"[{out.name}] ready: {out} (shipped distilled draft for {target_name})")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cache_dir = (args.cache_dir or download.default_cache_dir()).expanduser()
@@ -50,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         for pin in DEFAULT_PINS:
             if args.only in (None, pin.role):
                 download.prepare_model(pin, args.models_dir, cache_dir, keep_gguf=args.keep_gguf)
+                install_shipped_drafts(pin.name, args.models_dir)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
