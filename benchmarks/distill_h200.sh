@@ -21,21 +21,21 @@ GGUF_DIR=${GGUF_DIR:-/root/gguf}
 DFVG_CACHE=${DFVG_CACHE:-/root/dfvg-cache}
 RESULTS=${RESULTS:-results/distill}
 TARGET=${TARGET:-models/qwen2.5-coder-1.5b-instruct}
-BASELINE=${BASELINE:-models/qwen2.5-coder-0.5b-instruct}
+BASELINE_DRAFT=${BASELINE_DRAFT-}                # e.g. models/qwen2.5-coder-0.5b-instruct (its GGUF must be assembled too)
 PROMPT_DIR=${PROMPT_DIR:-results/distill_prompts}
-PROMPTS=${PROMPTS:-$PROMPT_DIR/humaneval.jsonl,$PROMPT_DIR/sharegpt.jsonl}
-STEPS=${STEPS:-1500}
+PROMPTS=${PROMPTS:-$PROMPT_DIR/humaneval.jsonl*8,$PROMPT_DIR/sharegpt5k.jsonl}
+STEPS=${STEPS:-2000}
 DEVICE=${DEVICE:-cuda}                          # cpu: a dry run of the recipe on a toy target
-SHAPES=${SHAPES:-"4:512:32768 2:512:16384"}   # layers:hidden:vocab-top, first = the FPGA rows of eval
+SHAPES=${SHAPES:-"4:512:32768"}   # layers:hidden:vocab-top, first = the FPGA rows of eval
 COMMON=(--target "$TARGET" --device "$DEVICE" --prompts "$PROMPTS" --teacher-cache "$RESULTS/teacher"
-        --heldout-fraction 0.25 --max-prompt-tokens 256 --max-new-tokens 192 --teacher-top-k 32
-        --teacher-batch 64 --teacher-dtype bfloat16 --seed 0 --eval-k 2,4,6,8)
+        --heldout-fraction 0.25 --max-prompt-tokens 256 --max-new-tokens 128 --teacher-top-k 32
+        --teacher-batch 128 --teacher-dtype bfloat16 --seed 0 --eval-k 2,4,6,8)
 
 name_of() { IFS=: read -r l d v <<<"$1"; echo "l${l}-d${d}-v${v}"; }
 
 stage_prompts() {  # CPU side: the built-in sets as files (same prompt keys, hence the same split)
     python scripts/prepare_dataset.py --input humaneval --output "$PROMPT_DIR/humaneval.jsonl"
-    python scripts/prepare_dataset.py --input sharegpt --limit 1500 --output "$PROMPT_DIR/sharegpt.jsonl"
+    python scripts/prepare_dataset.py --input sharegpt --limit 5000 --output "$PROMPT_DIR/sharegpt5k.jsonl"
 }
 
 stage_prepare() {
@@ -43,7 +43,7 @@ stage_prepare() {
     mkdir -p "$DFVG_CACHE/gguf"
     compgen -G "$GGUF_DIR/*.gguf" >/dev/null || { echo "no *.gguf in $GGUF_DIR (set GGUF_DIR)" >&2; exit 2; }
     for f in "$GGUF_DIR"/*.gguf; do ln -sf "$(realpath "$f")" "$DFVG_CACHE/gguf/"; done
-    python scripts/download_models.py --cache-dir "$DFVG_CACHE"
+    python scripts/download_models.py --only target --cache-dir "$DFVG_CACHE"
     nvidia-smi --query-gpu=name,memory.total --format=csv
     python -m pytest -q tests/test_distill.py -k gpu  # the pipeline on CUDA at toy size (seconds)
 }
@@ -57,7 +57,7 @@ stage_train() {
     for shape in $SHAPES; do
         IFS=: read -r l d v <<<"$shape"
         python scripts/distill_draft.py "${COMMON[@]}" --output "$RESULTS/$(name_of "$shape")" --layers "$l" \
-            --hidden "$d" --vocab-top "$v" --steps "$STEPS" --batch-size 16 --lr 1e-3 --init target-pca \
+            --hidden "$d" --vocab-top "$v" --steps "$STEPS" --batch-size 32 --lr 1e-3 --init target-pca \
             | tee "$RESULTS/$(name_of "$shape").log"
     done
 }
@@ -65,8 +65,8 @@ stage_train() {
 stage_eval() {
     local drafts=()
     for shape in $SHAPES; do drafts+=("$RESULTS/$(name_of "$shape")"); done
-    python benchmarks/distill_eval.py --target "$TARGET" --baseline-draft "$BASELINE" --distilled "${drafts[@]}" \
-        --device "$DEVICE" --ks 2,4,6,8 --e2e-prompts 8 --e2e-tokens 128 --e2e-k 2,4,6,8 --fpga-bits 8,4 \
+    python benchmarks/distill_eval.py --target "$TARGET" --baseline-draft "${BASELINE_DRAFT-}" --distilled "${drafts[@]}" \
+        --device "$DEVICE" --ks 2,4,6,8 --e2e-prompts 6 --e2e-tokens 128 --e2e-k 2,4,6,8 --fpga-bits 8,4 \
         --output "$RESULTS/eval.json"
 }
 
