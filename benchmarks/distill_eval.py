@@ -22,7 +22,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -109,14 +108,12 @@ def drafters(args, drafts: dict[str, Path], device, dtype, vocab: int):
     return rows
 
 
-def end_to_end(args, drafts: dict[str, Path], seqs: list, device, dtype) -> dict:
+def end_to_end(args, verifier, drafts: dict[str, Path], seqs: list, device, dtype) -> dict:
     """Real speculative runs on the held-out prompts exactly as the teacher saw them (same truncation).
 
     On CUDA the verifier is DFVG's CUDA-graph one (what `dfvg generate --graphs` runs); elsewhere eager."""
     eos = eos_token_ids(args.target)
     prompts = [s.prompt for s in seqs[: args.e2e_prompts]]
-    target = load_model(args.target, dtype=dtype, device=device)
-    verifier = GraphVerifier(target, cache_len=1024) if device.type == "cuda" else TorchVerifier(target)
     generate(verifier, prompts[0], 4)  # warm-up
     plain = [generate(verifier, p, args.e2e_tokens, eos_ids=eos).tokens for p in prompts]
     out = {"_verifier": type(verifier).__name__}
@@ -133,28 +130,26 @@ def end_to_end(args, drafts: dict[str, Path], seqs: list, device, dtype) -> dict
     return out
 
 
-def timed_fast(fast: FastGreedy, prompts: list[list[int]], tokens: int) -> dict:
-    """Warm up, then time each prompt (device synchronized): tok/s over all, decode ms/token, stats."""
-    fast.generate(prompts[0], 8)
-    walls, outs, steps, decode = [], [], [], []
-    for prompt in prompts:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        result = fast.generate(prompt, tokens)
-        torch.cuda.synchronize()
-        walls.append(time.perf_counter() - start)
-        outs.append(result.tokens)
-        steps += result.steps
-        decode.append(result.decode_s / max(1, len(result.steps)))
+def timed_fast(name: str, fast: FastGreedy, prompts: list[list[int]], tokens: int, device: str) -> dict:
+    """gpu_speed.timed_runs (warm-up, device-synchronized timing, tok/s, ms/token) plus the median decode
+    step and the acceptance over all steps."""
+    from benchmarks.gpu_speed import timed_runs
+
+    def run_one(ids: list[int]):
+        result = fast.generate(ids, tokens)
+        return result.tokens, {"steps": result.steps, "step_s": result.decode_s / max(1, len(result.steps))}
+
+    run = timed_runs(name, [{"ids": p} for p in prompts], run_one, device)
+    steps = [s for st in run["stats"] for s in st["steps"]]
     drafted = sum(s.num_drafted for s in steps)
-    return {"tokens_per_s": sum(len(t) for t in outs) / sum(walls), "tokens": outs,
-            "median_ms_per_token": statistics.median(1e3 * w / len(t) for w, t in zip(walls, outs, strict=True)),
-            "median_step_ms": 1e3 * statistics.median(decode),
+    return {"tokens_per_s": run["tokens_per_s"], "tokens": run["tokens"],
+            "median_ms_per_token": run["median_ms_per_token"],
+            "median_step_ms": 1e3 * statistics.median(st["step_s"] for st in run["stats"]),
             "acceptance_rate": sum(s.num_accepted for s in steps) / drafted if drafted else None,
             "mean_accepted_length": sum(s.num_accepted + 1 for s in steps) / len(steps), "provenance": "measured"}
 
 
-def gpu_speed(args, drafts: dict[str, Path], seqs: list, dtype, ks: list[int], e2e: dict) -> dict:
+def gpu_speed(args, verifier: GraphVerifier, drafts: dict[str, Path], seqs: list, ks: list[int], e2e: dict) -> dict:
     """Same run, CUDA graphs: DFVG plain vs each distilled draft on the GPU (fused FastGreedy step), replay
     times, and the FPGA projection: modeled board block + measured verify replay + measured host overhead,
     divided by the mean accepted length measured on the FPGA datapath emulation (`modeled`)."""
@@ -162,8 +157,7 @@ def gpu_speed(args, drafts: dict[str, Path], seqs: list, dtype, ks: list[int], e
 
     device = torch.device("cuda")
     prompts = [s.prompt for s in seqs[: args.e2e_prompts]]
-    verifier = GraphVerifier(load_model(args.target, dtype=dtype, device=device), cache_len=1024)
-    plain = timed_fast(FastGreedy(verifier, None, 0), prompts, args.e2e_tokens)
+    plain = timed_fast("dfvg plain", FastGreedy(verifier, None, 0), prompts, args.e2e_tokens, "cuda")
     out = {"dfvg_plain": {k: v for k, v in plain.items() if k != "tokens"}}
     print(f"gpu plain: {plain['tokens_per_s']:.1f} tok/s, step {plain['median_step_ms']:.3f} ms", flush=True)
     for name, directory in drafts.items():
@@ -172,7 +166,7 @@ def gpu_speed(args, drafts: dict[str, Path], seqs: list, dtype, ks: list[int], e
         drafter = GraphDrafter(load_model(directory, device=device), verifier.vocab_size, cache_len=1024)
         rows = {}
         for k in ks:
-            run = timed_fast(FastGreedy(verifier, drafter, k), prompts, args.e2e_tokens)
+            run = timed_fast(f"{name} k={k}", FastGreedy(verifier, drafter, k), prompts, args.e2e_tokens, "cuda")
             run["outputs_equal_to_plain"] = sum(a == b for a, b in zip(run.pop("tokens"), plain["tokens"],
                                                                        strict=True)) / len(prompts)
             run["speedup_vs_plain"] = run["tokens_per_s"] / plain["tokens_per_s"]
@@ -247,11 +241,15 @@ def main() -> int:
         cells = [f"k={k} alpha={r['acceptance_rate']:.3f} tau={r['mean_accepted_length']:.2f}"
                  for k, r in table.items()]
         print(f"teacher-forced {name}: " + ", ".join(cells), flush=True)
-    result["end_to_end"] = end_to_end(args, drafts, seqs, device, dtype) if args.e2e_prompts > 0 else {}
+    verifier = None
+    if args.e2e_prompts > 0:  # one target for both end-to-end sections; CUDA graphs on a GPU
+        target = load_model(args.target, dtype=dtype, device=device)
+        verifier = GraphVerifier(target, cache_len=1024) if device.type == "cuda" else TorchVerifier(target)
+    result["end_to_end"] = end_to_end(args, verifier, drafts, seqs, device, dtype) if verifier else {}
     result["fpga_modeled"] = modeled_fpga(drafts, result["end_to_end"], ks)
-    if device.type == "cuda" and args.e2e_prompts > 0:
+    if isinstance(verifier, GraphVerifier):
         try:  # recorded, not fatal: the acceptance tables above are already measured
-            result["gpu_speed"] = gpu_speed(args, drafts, seqs, dtype, ks, result["end_to_end"])
+            result["gpu_speed"] = gpu_speed(args, verifier, drafts, seqs, ks, result["end_to_end"])
         except Exception as exc:  # noqa: BLE001
             import traceback
 
