@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dfvg.drafter import DraftBlock, TorchDrafter
+from dfvg.gpu import fused
 from dfvg.model import Transformer, apply_rope
 from dfvg.sampling import SamplingParams
 
@@ -87,7 +88,7 @@ def _raise_recompile_limit() -> None:
 class GraphModel:
     """A Transformer with a functional forward and CUDA graphs captured around callables over it."""
 
-    def __init__(self, model: Transformer, compile_blocks: bool = True):
+    def __init__(self, model: Transformer, compile_blocks: bool = True, fused_layers: bool = True):
         self.model = model
         self.device = model.tok_embeddings.weight.device
         cfg = model.config
@@ -99,6 +100,10 @@ class GraphModel:
             self.block = torch.compile(block_forward, dynamic=False, fullgraph=True)
         else:
             self.block = block_forward
+        # Up to fused.MAX_ROWS tokens take the fused Triton layers where they apply (CUDA, bf16, no q/k
+        # norm); longer inputs and other models take the (compiled) block. `why_not_fused` says why not.
+        self.why_not_fused = fused.supported(model) if fused_layers else "fused layers turned off"
+        self.fused = self.why_not_fused is None
         self.cache_len = 0
         self._cache_id = None
         self.graphs: dict = {}
@@ -117,6 +122,8 @@ class GraphModel:
 
     def forward(self, ids: Tensor, pos: Tensor, last_only: bool = False) -> Tensor:
         """ids [1, T] long, pos [T] long -> float32 logits [T, V] ([1, V] with last_only). No host sync."""
+        if self.fused and ids.shape[1] <= fused.MAX_ROWS:
+            return self._fused_forward(ids, pos, last_only)
         m = self.model
         x = m.embed(ids)  # [1, T, D]
         cos = m.rope_cos[pos].to(x.dtype)[None, :, None]  # [1, T, 1, hd]
@@ -129,6 +136,18 @@ class GraphModel:
         if last_only:
             x = x[:, -1:]
         return m.logits(x)[0]
+
+    def _fused_forward(self, ids: Tensor, pos: Tensor, last_only: bool) -> Tensor:
+        m = self.model
+        x = m.embed(ids)[0]  # [T, D]
+        for layer, w in zip(m.layers, self.weights, strict=True):
+            cache = layer.attention.kv_cache
+            x = fused.layer_forward(x, pos, m.rope_cos, m.rope_sin, cache.k[0], cache.v[0], w, self.dims)
+        if last_only:
+            x = x[-1:]
+        if m.config.head_vocab_size:  # a head over a token subset scatters into the full vocabulary
+            return m.logits(x[None])[0]
+        return fused.fused_linear(x, m.output.weight, norm=m.norm.weight, eps=m.norm.eps, out_dtype=torch.float32)
 
     def capture(self, key, body: Callable[[], Tensor], warmup: int = 2,
                 before: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph | EagerReplay, Tensor]:
@@ -203,8 +222,9 @@ def token_graph(gm: GraphModel, tokens: list[int], start_pos: int, last_only: bo
 class GraphVerifier:
     """Target model with graph-replayed scoring (CUDA; plain replays on CPU); the `TorchVerifier` interface."""
 
-    def __init__(self, model: Transformer, compile_blocks: bool = True, cache_len: int = 1024):
-        self.gm = GraphModel(model, compile_blocks)
+    def __init__(self, model: Transformer, compile_blocks: bool = True, cache_len: int = 1024,
+                 fused_layers: bool = True):
+        self.gm = GraphModel(model, compile_blocks, fused_layers)
         self.model = model
         self.device = self.gm.device
         self.vocab_size = model.config.vocab_size
@@ -231,8 +251,8 @@ class GraphDrafter:
     """Draft model on CUDA: greedy drafting replays one graph of all k steps; sampling runs eagerly."""
 
     def __init__(self, model: Transformer, target_vocab_size: int | None = None, compile_blocks: bool = True,
-                 cache_len: int = 1024):
-        self.gm = GraphModel(model, compile_blocks)
+                 cache_len: int = 1024, fused_layers: bool = True):
+        self.gm = GraphModel(model, compile_blocks, fused_layers)
         self.model = model
         self.device = self.gm.device
         self.vocab_size = target_vocab_size or model.config.vocab_size

@@ -1,0 +1,379 @@
+"""Fused Triton kernels for a decoder layer at up to 16 new tokens: five launches per layer.
+
+Why: at batch 1 a 1.5B decode step reads 3 GB of weights (0.72 ms at 4.3 TB/s), but the compiled block
+of `dfvg.gpu.graphs` replays ~17 kernels per layer, and inside a CUDA graph each still costs a few
+microseconds of launch and tail: 28 layers of that are most of a 2.4 ms step. Here a layer is
+
+1. `qkv`:  RMSNorm -> x Wqkv^T + b -> RoPE on q and k -> q into a buffer, k and v into the cache at pos
+2. `attn`: attention of each query row over the cache slots <= its position (causal, GQA)
+3. `o`:    x + attn Wo^T (+ b)
+4. `ffn1`: RMSNorm -> silu(x Wg^T) * (x Wu^T)
+5. `ffn2`: x + h W2^T
+
+and the LM head is one more launch (RMSNorm -> x Wout^T, float32 logits). Every kernel is a GEMV-shaped
+stream over its weight matrix with the small prologue/epilogue work fused in, so weights are read once
+and activations never make an extra round trip. Rows (T) are the new tokens: 1 for plain decode, k + 1
+for a verify step, 2 for the draft's catch-up. With T = 1 the products are plain multiply-and-sum (no
+tensor-core padding); with T > 1 they are `tl.dot` on rows padded to 16.
+
+Positions come from a device tensor, so a captured graph replays at any position without a host sync.
+Arithmetic follows `dfvg.model` (float32 accumulation and softmax, bf16 rounding where the reference
+rounds), not bit for bit: `gpu/check_kernels.py` and the gpu-marked tests bound the difference.
+
+What this module does not cover (callers fall back to the compiled block): Qwen3's per-head q/k norm,
+head_dim not a power of two, more than `MAX_ROWS` rows, and machines without Triton.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from torch import Tensor
+
+from dfvg.gpu.kernels import HAVE_TRITON
+
+MAX_ROWS = 16  # new tokens per launch (the padded tile height of the T > 1 path)
+# Triton's CPU interpreter (TRITON_INTERPRET=1, how CPU tests run these kernels) gets bf16 arithmetic
+# wrong, so under it every product takes float32 operands; on a GPU `tl.dot` takes the bf16 tiles.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _dot(a, b, F32: tl.constexpr):
+        """a [M, K] @ b [K, N] in float32 (bf16 tiles on the GPU; float32 tiles in the interpreter)."""
+        if F32:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32))
+        return tl.dot(a, b)
+
+    @triton.jit
+    def _product(a, w, USE_DOT: tl.constexpr, F32: tl.constexpr):
+        """a [BT, BK] x w [BN, BK] -> [BT, BN] float32: tensor-core dot, or multiply-and-sum for T = 1."""
+        if USE_DOT:
+            return _dot(a, tl.trans(w), F32)
+        return tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+
+    @triton.jit
+    def _rstd(x_ptr, x_stride, rows, K, eps, BT: tl.constexpr, BK: tl.constexpr):
+        """1 / RMS of each of the first `rows` rows of x [rows, K] (float32) -> [BT]."""
+        t = tl.arange(0, BT)
+        ss = tl.zeros((BT,), tl.float32)
+        for k0 in range(0, K, BK):
+            k = k0 + tl.arange(0, BK)
+            x = tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
+                        other=0.0).to(tl.float32)
+            ss += tl.sum(x * x, axis=1)
+        return tl.rsqrt(ss / K + eps)
+
+    @triton.jit
+    def _a_tile(x_ptr, x_stride, g_ptr, rstd, rows, K, k0, NORM: tl.constexpr, BT: tl.constexpr,
+                BK: tl.constexpr):
+        """Columns k0..k0+BK of the A operand: x, or RMSNorm(x) rounded as `dfvg.model.RMSNorm` rounds."""
+        t = tl.arange(0, BT)
+        k = k0 + tl.arange(0, BK)
+        x = tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
+                    other=0.0)
+        if NORM:
+            g = tl.load(g_ptr + k, mask=k < K, other=0.0)
+            x = (x.to(tl.float32) * rstd[:, None]).to(tl.bfloat16).to(tl.float32) * g[None, :].to(tl.float32)
+        return x.to(tl.bfloat16)
+
+    @triton.jit
+    def _w_tile(w_ptr, row0, n_rows, K, k0, BN: tl.constexpr, BK: tl.constexpr):
+        n = row0 + tl.arange(0, BN)
+        k = k0 + tl.arange(0, BK)
+        return tl.load(w_ptr + n[:, None] * K + k[None, :], mask=(n[:, None] < n_rows) & (k[None, :] < K),
+                       other=0.0, eviction_policy="evict_first")
+
+    @triton.jit
+    def _stream(x_ptr, x_stride, g_ptr, rstd, w_ptr, row0, row1, n_rows, rows, K, NORM: tl.constexpr,
+                PAIR: tl.constexpr, USE_DOT: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, UNROLL: tl.constexpr):
+        """A [rows, K] times weight rows row0..row0+BN (and row1.. with PAIR) over all of K -> 2x [BT, BN].
+
+        The weight stream is the whole cost, so the T = 1 path keeps elementwise partial products [BN, BK]
+        and reduces once after the loop: no cross-thread reduction per tile, so the loads of successive
+        tiles overlap (UNROLL of them in flight)."""
+        if USE_DOT:
+            acc0 = tl.zeros((BT, BN), tl.float32)
+            acc1 = tl.zeros((BT, BN), tl.float32)
+            for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
+                a = _a_tile(x_ptr, x_stride, g_ptr, rstd, rows, K, k0, NORM, BT, BK)
+                acc0 += _dot(a, tl.trans(_w_tile(w_ptr, row0, n_rows, K, k0, BN, BK)), F32)
+                if PAIR:
+                    acc1 += _dot(a, tl.trans(_w_tile(w_ptr, row1, n_rows, K, k0, BN, BK)), F32)
+        else:
+            part0 = tl.zeros((BN, BK), tl.float32)
+            part1 = tl.zeros((BN, BK), tl.float32)
+            for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
+                a = _a_tile(x_ptr, x_stride, g_ptr, rstd, rows, K, k0, NORM, BT, BK).to(tl.float32)
+                part0 += _w_tile(w_ptr, row0, n_rows, K, k0, BN, BK).to(tl.float32) * a
+                if PAIR:
+                    part1 += _w_tile(w_ptr, row1, n_rows, K, k0, BN, BK).to(tl.float32) * a
+            acc0 = tl.sum(part0, axis=1)[None, :]
+            acc1 = tl.sum(part1, axis=1)[None, :]
+        return acc0, acc1
+
+    @triton.jit
+    def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, rows, N, K, eps,
+                       NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                       USE_DOT: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, UNROLL: tl.constexpr):
+        """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
+        n0 = tl.program_id(0) * BN
+        rstd = tl.zeros((BT,), tl.float32)
+        if NORM:
+            rstd = _rstd(x_ptr, x_stride, rows, K, eps, BT, BK)
+        n_rows = 2 * N if SWIGLU else N
+        acc, acc_up = _stream(x_ptr, x_stride, g_ptr, rstd, w_ptr, n0, N + n0, n_rows, rows, K, NORM, SWIGLU,
+                              USE_DOT, F32, BT, BN, BK, UNROLL)
+        t = tl.arange(0, BT)
+        n = n0 + tl.arange(0, BN)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        if SWIGLU:  # the reference rounds gate and up to bf16, then computes silu(gate) * up in bf16
+            gate = acc.to(tl.bfloat16).to(tl.float32)
+            acc = (gate / (1.0 + tl.exp(-gate))).to(tl.bfloat16).to(tl.float32) * acc_up.to(tl.bfloat16).to(
+                tl.float32)
+        where = t[:, None] * N + n[None, :]
+        valid = (t[:, None] < rows) & (n[None, :] < N)
+        if HAS_RES:
+            acc = acc.to(tl.bfloat16).to(tl.float32) + tl.load(res_ptr + where, mask=valid, other=0.0).to(tl.float32)
+        tl.store(out_ptr + where, acc.to(out_ptr.dtype.element_ty), mask=valid)
+
+    @triton.jit
+    def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
+                         rows, K, eps, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr,
+                         BN: tl.constexpr, BK: tl.constexpr, UNROLL: tl.constexpr):
+        """Program (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
+        (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at pos."""
+        HALF: tl.constexpr = HD // 2
+        chunks: tl.constexpr = HALF // BN
+        head = tl.program_id(0) // chunks
+        lo = (tl.program_id(0) % chunks) * BN + tl.arange(0, BN)  # column within the head's first half
+        row_lo = head * HD + (tl.program_id(0) % chunks) * BN
+        rstd = _rstd(x_ptr, K, rows, K, eps, BT, BK)
+        acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, rstd, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
+                                 rows, K, True, True, USE_DOT, F32, BT, BN, BK, UNROLL)
+        if HAS_BIAS:
+            acc_lo += tl.load(b_ptr + head * HD + lo).to(tl.float32)[None, :]
+            acc_hi += tl.load(b_ptr + head * HD + HALF + lo).to(tl.float32)[None, :]
+        x_lo = acc_lo.to(tl.bfloat16).to(tl.float32)  # the projection's bf16 output, as the reference has it
+        x_hi = acc_hi.to(tl.bfloat16).to(tl.float32)
+        t = tl.arange(0, BT)
+        live = t < rows
+        pos = tl.load(pos_ptr + t, mask=live, other=0)
+        if head < HEADS + KV_HEADS:  # q and k heads are rotated; v heads are stored as they are
+            cos_lo = tl.load(cos_ptr + pos[:, None] * HD + lo[None, :], mask=live[:, None], other=0.0)
+            sin_lo = tl.load(sin_ptr + pos[:, None] * HD + lo[None, :], mask=live[:, None], other=0.0)
+            cos_hi = tl.load(cos_ptr + pos[:, None] * HD + HALF + lo[None, :], mask=live[:, None], other=0.0)
+            sin_hi = tl.load(sin_ptr + pos[:, None] * HD + HALF + lo[None, :], mask=live[:, None], other=0.0)
+            cos_lo, sin_lo = cos_lo.to(tl.bfloat16).to(tl.float32), sin_lo.to(tl.bfloat16).to(tl.float32)
+            cos_hi, sin_hi = cos_hi.to(tl.bfloat16).to(tl.float32), sin_hi.to(tl.bfloat16).to(tl.float32)
+            y_lo = x_lo * cos_lo - x_hi * sin_lo
+            y_hi = x_hi * cos_hi + x_lo * sin_hi
+        else:
+            y_lo = x_lo
+            y_hi = x_hi
+        mask = live[:, None] & (lo[None, :] < HALF)
+        if head < HEADS:
+            q_at = t[:, None] * (HEADS * HD) + head * HD + lo[None, :]
+            tl.store(q_ptr + q_at, y_lo.to(tl.bfloat16), mask=mask)
+            tl.store(q_ptr + q_at + HALF, y_hi.to(tl.bfloat16), mask=mask)
+        elif head < HEADS + KV_HEADS:
+            k_at = pos[:, None] * (KV_HEADS * HD) + (head - HEADS) * HD + lo[None, :]
+            tl.store(kc_ptr + k_at, y_lo.to(tl.bfloat16), mask=mask)
+            tl.store(kc_ptr + k_at + HALF, y_hi.to(tl.bfloat16), mask=mask)
+        else:
+            v_at = pos[:, None] * (KV_HEADS * HD) + (head - HEADS - KV_HEADS) * HD + lo[None, :]
+            tl.store(vc_ptr + v_at, y_lo.to(tl.bfloat16), mask=mask)
+            tl.store(vc_ptr + v_at + HALF, y_hi.to(tl.bfloat16), mask=mask)
+
+    @triton.jit
+    def _attention_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, rows, scale,
+                                HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr, F32: tl.constexpr,
+                                BM: tl.constexpr, BS: tl.constexpr):
+        """Program (kv head, split): every query row of the kv head's GROUP heads (packed r = g * rows + t)
+        against cache slots split*BS.. of those <= pos[t]; writes the partial softmax state (m, l, acc).
+
+        Split over slots (flash decoding) because one program per head walks ~400 slots in sequence; here
+        each program reads one tile of K and V, and `_attention_combine_kernel` merges the splits."""
+        GROUP: tl.constexpr = HEADS // KV_HEADS
+        kv = tl.program_id(0)
+        split = tl.program_id(1)
+        end = tl.load(pos_ptr + rows - 1) + 1  # positions ascend: the last row sees the most slots
+        if split * BS < end:
+            r = tl.arange(0, BM)
+            live = r < GROUP * rows
+            t = r % rows
+            head = kv * GROUP + r // rows
+            d = tl.arange(0, HD)
+            q = tl.load(q_ptr + t[:, None] * (HEADS * HD) + head[:, None] * HD + d[None, :], mask=live[:, None],
+                        other=0.0)
+            pos = tl.load(pos_ptr + t, mask=live, other=-1)
+            s = split * BS + tl.arange(0, BS)
+            offs = s[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
+            keys = tl.load(kc_ptr + offs, mask=(s < end)[:, None], other=0.0)
+            values = tl.load(vc_ptr + offs, mask=(s < end)[:, None], other=0.0)
+            scores = _dot(q, tl.trans(keys), F32) * scale  # [BM, BS] float32
+            scores = tl.where(s[None, :] <= pos[:, None], scores, -float("inf"))
+            m = tl.max(scores, axis=1)
+            p = tl.exp(scores - tl.where(m == -float("inf"), 0.0, m)[:, None])
+            state = (split * KV_HEADS + kv) * BM + r
+            tl.store(m_ptr + state, m)
+            tl.store(l_ptr + state, tl.sum(p, axis=1))
+            tl.store(acc_ptr + state[:, None] * HD + d[None, :], _dot(p.to(values.dtype), values, F32))
+
+    @triton.jit
+    def _attention_combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
+                                  KV_HEADS: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
+                                  NS: tl.constexpr):
+        """Program (head, row): merge the live splits' (m, l, acc) of one query row -> out [rows, HEADS*HD]."""
+        GROUP: tl.constexpr = HEADS // KV_HEADS
+        head = tl.program_id(0)
+        t = tl.program_id(1)
+        kv = head // GROUP
+        r = (head % GROUP) * rows + t
+        live_splits = (tl.load(pos_ptr + rows - 1) + BS) // BS
+        d = tl.arange(0, HD)
+        m_run = -float("inf")
+        l_run = 0.0
+        acc = tl.zeros((HD,), tl.float32)
+        for s0 in range(0, live_splits, NS):
+            sp = s0 + tl.arange(0, NS)
+            live = sp < live_splits
+            state = (sp * KV_HEADS + kv) * BM + r
+            m = tl.load(m_ptr + state, mask=live, other=-float("inf"))
+            m_new = tl.maximum(m_run, tl.max(m, axis=0))
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            w = tl.where(live, tl.exp(m - m_safe), 0.0)
+            scale_old = tl.exp(m_run - m_safe)
+            l_run = l_run * scale_old + tl.sum(w * tl.load(l_ptr + state, mask=live, other=0.0), axis=0)
+            part = tl.load(acc_ptr + state[:, None] * HD + d[None, :], mask=live[:, None], other=0.0)
+            acc = acc * scale_old + tl.sum(w[:, None] * part, axis=0)
+            m_run = m_new
+        out = acc / tl.where(l_run == 0, 1.0, l_run)
+        tl.store(out_ptr + t * (HEADS * HD) + head * HD + d, out.to(tl.bfloat16))
+
+
+def _tiles(rows: int) -> tuple[bool, int]:
+    """(use tensor-core dot, padded tile height) for a number of rows."""
+    return (False, 1) if rows == 1 else (True, MAX_ROWS)
+
+
+# Per-shape block sizes measured best on the H200 (benchmarks/gpu_decode.py --sweep): (N, K, T == 1) -> config.
+TUNED: dict[tuple[int, int, bool], dict] = {}
+
+
+def linear_config(n: int, k: int, rows: int) -> dict:
+    """Block sizes of a GEMV-shaped launch: the tuned entry for this shape, else a default that suits
+    the H200 sweep's shapes. BN weight rows per program, BK columns per tile, UNROLL tiles in flight."""
+    tuned = TUNED.get((n, k, rows == 1))
+    if tuned is not None:
+        return tuned
+    if rows == 1:
+        return {"BN": 4, "BK": 512, "UNROLL": 2, "num_warps": 4}
+    return {"BN": 32 if n > 4096 else 16, "BK": 128, "UNROLL": 1, "num_warps": 4}
+
+
+def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias: Tensor | None = None,
+                 residual: Tensor | None = None, swiglu: bool = False, eps: float = 1e-6,
+                 out_dtype: torch.dtype | None = None, config: dict | None = None) -> Tensor:
+    """x [T, K] bf16 -> [T, N]: residual + (RMSNorm?(x) W^T + bias), or the SwiGLU pair of W's halves.
+
+    weight [N, K] ([2N, K] with swiglu: gate rows then up rows, as `FeedForward.w13`); norm is the RMSNorm
+    weight; residual [T, N]. One launch; T <= MAX_ROWS; x's rows must be contiguous."""
+    rows, k = x.shape
+    n = weight.shape[0] // 2 if swiglu else weight.shape[0]
+    use_dot, bt = _tiles(rows)
+    cfg = {**linear_config(n, k, rows), **(config or {})}
+    out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
+    dummy = weight
+    _linear_kernel[(triton.cdiv(n, cfg["BN"]),)](
+        x, x.stride(0), norm if norm is not None else dummy, weight, bias if bias is not None else dummy,
+        residual if residual is not None else dummy, out, rows, n, k, eps,
+        NORM=norm is not None, SWIGLU=swiglu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        USE_DOT=use_dot, F32=INTERPRETED, BT=bt, BN=cfg["BN"], BK=cfg["BK"], UNROLL=cfg["UNROLL"],
+        num_warps=cfg["num_warps"])
+    return out
+
+
+def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: Tensor, cos: Tensor,
+             sin: Tensor, kc: Tensor, vc: Tensor, dims: tuple, config: dict | None = None) -> Tensor:
+    """RMSNorm + QKV projection + RoPE; writes k/v into kc/vc [S, KV, hd] at pos; returns q [T, H*hd]."""
+    heads, kv_heads, hd, _, eps = dims
+    rows, k = x.shape
+    use_dot, bt = _tiles(rows)
+    cfg = {**linear_config(weight.shape[0], k, rows), **(config or {})}
+    block_n = min(cfg["BN"], hd // 2)
+    q = torch.empty(rows, heads * hd, dtype=x.dtype, device=x.device)
+    grid = ((heads + 2 * kv_heads) * (hd // 2 // block_n),)
+    _qkv_rope_kernel[grid](x, norm, weight, bias if bias is not None else weight, pos, cos, sin, q, kc, vc,
+                           rows, k, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None,
+                           USE_DOT=use_dot, F32=INTERPRETED, BT=bt, BN=block_n, BK=cfg["BK"],
+                           UNROLL=cfg["UNROLL"], num_warps=cfg["num_warps"])
+    return q
+
+
+ATTENTION_SPLIT = 64  # cache slots per attention program
+
+
+def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple) -> Tensor:
+    """q [T, H*hd] (rotated) over cache kc/vc [S, KV, hd] at slots <= pos[t] -> [T, H*hd] bf16.
+
+    Two launches: per (kv head, 64-slot split) partial softmax, then the merge per (head, row)."""
+    heads, kv_heads, hd, _, _ = dims
+    rows = q.shape[0]
+    splits = triton.cdiv(kc.shape[0], ATTENTION_SPLIT)
+    block_m = max(16, triton.next_power_of_2(heads // kv_heads * rows))
+    m = torch.empty(splits, kv_heads, block_m, dtype=torch.float32, device=q.device)
+    l_sum = torch.empty_like(m)
+    acc = torch.empty(splits, kv_heads, block_m, hd, dtype=torch.float32, device=q.device)
+    _attention_split_kernel[(kv_heads, splits)](q, kc, vc, pos, m, l_sum, acc, rows, 1.0 / math.sqrt(hd),
+                                                HEADS=heads, KV_HEADS=kv_heads, HD=hd, F32=INTERPRETED,
+                                                BM=block_m, BS=ATTENTION_SPLIT, num_warps=4)
+    out = torch.empty_like(q)
+    _attention_combine_kernel[(heads, rows)](pos, m, l_sum, acc, out, rows, HEADS=heads, KV_HEADS=kv_heads, HD=hd,
+                                             BM=block_m, BS=ATTENTION_SPLIT, NS=32, num_warps=4)
+    return out
+
+
+def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, vc: Tensor, w: tuple,
+                  dims: tuple) -> Tensor:
+    """One decoder layer on x [T, D] (bf16) at positions pos [T]: the launches of the module docstring.
+
+    w as `dfvg.gpu.graphs._layer_weights` (q/k norm must be None); kc/vc [S, KV, hd]; cos/sin [S, hd] fp32."""
+    attn_norm, wqkv, wqkv_b, wo, wo_b, _q_norm, _k_norm, ffn_norm, w13, w2 = w
+    eps = dims[4]
+    q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims)
+    x = fused_linear(attention(q, kc, vc, pos, dims), wo, bias=wo_b, residual=x)
+    h = fused_linear(x, w13, norm=ffn_norm, swiglu=True, eps=eps)
+    if CUBLAS_DOWN_PROJECTION:
+        return x + torch.nn.functional.linear(h, w2)
+    return fused_linear(h, w2, residual=x)
+
+
+# cuBLAS streams the long-K down projection (8960 x 1536) faster than the fused kernel on the H200
+# (benchmarks/RESULTS.md); the residual add is then one more small launch.
+CUBLAS_DOWN_PROJECTION = False
+
+
+def supported(model) -> str | None:
+    """None when `layer_forward` can run this model on this machine, else why not (one line)."""
+    cfg = model.config
+    if not HAVE_TRITON:
+        return "Triton is not installed"
+    if model.tok_embeddings.weight.device.type != "cuda":
+        return "the model is not on a CUDA device"
+    if model.tok_embeddings.weight.dtype != torch.bfloat16:
+        return "fused kernels are written for bf16 weights"
+    if cfg.qk_norm:
+        return "per-head q/k RMSNorm (Qwen3) is not fused"
+    if cfg.head_dim & (cfg.head_dim - 1) or cfg.head_dim < 16:
+        return f"head_dim {cfg.head_dim} is not a power of two >= 16"
+    return None
