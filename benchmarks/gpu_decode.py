@@ -97,11 +97,14 @@ def apply_best(results: list[dict]) -> dict:
     return {f"{shape} T={t}": {"config": r["config"], "us": r["us"]} for (shape, t), r in best.items()}
 
 
-def forwards(model: Transformer) -> dict[str, GraphModel]:
-    gms = {"graphs_eager": GraphModel(model, compile_blocks=False, fused_layers=False),
-           "graphs_compiled": GraphModel(model, compile_blocks=True, fused_layers=False),
+def forwards(model: Transformer, quick: bool) -> dict[str, GraphModel]:
+    gms = {"graphs_compiled": GraphModel(model, compile_blocks=True, fused_layers=False),
            "graphs_fused": GraphModel(model, compile_blocks=False, fused_layers=True),
            "graphs_fused_cublas_w2": GraphModel(model, compile_blocks=False, fused_layers=True)}
+    if quick:
+        del gms["graphs_compiled"]
+    else:
+        gms["graphs_eager"] = GraphModel(model, compile_blocks=False, fused_layers=False)
     for gm in gms.values():
         gm.ensure_cache(CACHE)
     return gms
@@ -109,8 +112,9 @@ def forwards(model: Transformer) -> dict[str, GraphModel]:
 
 @torch.inference_mode()
 def check(model: Transformer, gms: dict[str, GraphModel]) -> list[dict]:
-    """Fused vs compiled forward at POSITION with a random cache history, T = 1, 5, 9."""
+    """Fused vs eager-kernel forward at POSITION with a random cache history, T = 1, 5, 9."""
     rows = []
+    gms = {"reference": GraphModel(model, compile_blocks=False, fused_layers=False), **gms}
     cache = [layer.attention.kv_cache for layer in model.layers]
     for c in cache:
         c.k.normal_()
@@ -120,17 +124,17 @@ def check(model: Transformer, gms: dict[str, GraphModel]) -> list[dict]:
         ids = torch.randint(0, model.config.vocab_size, (1, t), device="cuda")
         pos = torch.arange(POSITION, POSITION + t, device="cuda")
         outs, written = {}, {}
-        for name in ("graphs_compiled", "graphs_fused"):
+        for name in ("reference", "graphs_fused"):
             for c, (k, v) in zip(cache, history, strict=True):
                 c.k.copy_(k)
                 c.v.copy_(v)
             outs[name] = gms[name].forward(ids, pos).float()
             written[name] = torch.cat([c.k[0, POSITION:POSITION + t].flatten() for c in cache]).float()
-        ref, got = outs["graphs_compiled"], outs["graphs_fused"]
+        ref, got = outs["reference"], outs["graphs_fused"]
         rows.append({"T": t, "logits_rel_diff": ((got - ref).norm() / ref.norm()).item(),
                      "argmax_agree": (got.argmax(-1) == ref.argmax(-1)).float().mean().item(),
-                     "k_cache_rel_diff": ((written["graphs_fused"] - written["graphs_compiled"]).norm()
-                                          / written["graphs_compiled"].norm()).item()})
+                     "k_cache_rel_diff": ((written["graphs_fused"] - written["reference"]).norm()
+                                          / written["reference"].norm()).item()})
         print(f"  check T={t}: {rows[-1]}", flush=True)
     return rows
 
@@ -166,7 +170,12 @@ def rotating(call, weights: list) -> callable:
     return launch
 
 
-def sweep_configs(rows: int) -> list[dict]:
+def sweep_configs(rows: int, quick: bool = False) -> list[dict]:
+    if quick:
+        if rows == 1:
+            return [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": 4} for bn, bk, u in
+                    ((2, 1024, 2), (4, 512, 1), (4, 512, 2), (4, 512, 4), (4, 1024, 2), (8, 512, 2), (8, 1024, 1))]
+        return [{"BN": bn, "BK": bk, "UNROLL": 1, "num_warps": 4} for bn in (16, 32) for bk in (128, 256)]
     if rows == 1:
         grid = [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": 4} for bn in (2, 4, 8) for bk in (512, 1024)
                 for u in (1, 2, 4)]
@@ -181,10 +190,12 @@ def label_of(config: dict | None) -> str:
     return f"fused BN{config['BN']} BK{config['BK']} U{config['UNROLL']} w{config['num_warps']}"
 
 
-def gemv_bench(cfg: ModelConfig, rows: int, sweep: bool) -> list[dict]:
+def gemv_bench(cfg: ModelConfig, rows: int, sweep: bool, quick: bool = False) -> list[dict]:
     """Each GEMV shape alone, 28 launches per graph: cuBLAS F.linear vs fused_linear configs."""
     results = []
     for name, (n, k, opts) in gemv_shapes(cfg).items():
+        if quick and name == "wqkv":
+            continue
         copies = max(2, min(28, -(-240_000_000 // (n * k * 2))))  # more bytes than L2 (50 MB) between reuses
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
@@ -194,7 +205,7 @@ def gemv_bench(cfg: ModelConfig, rows: int, sweep: bool) -> list[dict]:
         kwargs = {"norm": g if opts.get("norm") else None, "residual": res if opts.get("residual") else None,
                   "swiglu": opts.get("swiglu", False), "out_dtype": opts.get("out_dtype")}
         variants = {"cublas": rotating(lambda w, x=x: F.linear(x, w), weights)}
-        for config in [None] + (sweep_configs(rows) if sweep else []):
+        for config in [None] + (sweep_configs(rows, quick) if sweep else []):
             label = label_of(config)
             results.append({"shape": name, "T": rows, "variant": label, "config": config, "n": out_n, "k": k})
             variants[label] = rotating(
@@ -247,6 +258,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=".")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--models", default=",".join(SHAPES))
+    p.add_argument("--quick", action="store_true", help="a smaller sweep, fused forwards only")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gpu_decode.py needs a CUDA GPU (this machine has none)")
@@ -256,16 +268,17 @@ def main(argv=None) -> None:
         cfg = SHAPES[name]
         print(f"{name}:", flush=True)
         entry = {}
-        if name == "qwen2.5-coder-1.5b" or args.sweep:
-            entry["gemv"] = gemv_bench(cfg, 1, args.sweep) + gemv_bench(cfg, 5, args.sweep)
+        if name == "qwen2.5-coder-1.5b":
+            entry["gemv"] = gemv_bench(cfg, 1, args.sweep, args.quick) + gemv_bench(cfg, 5, args.sweep, args.quick)
             entry["tuned"] = apply_best(entry["gemv"]) if args.sweep else {}
             print(f"  tuned: {entry['tuned']}", flush=True)
         model = random_model(cfg)
-        gms = forwards(model)
+        gms = forwards(model, args.quick)
         entry |= {"check": check(model, gms), "replay": replay_times(model, gms),
                  "weight_bytes": sum(p.numel() * 2 for n, p in model.named_parameters()
                                      if n != "tok_embeddings.weight" or cfg.tie_word_embeddings)}
-        entry["kernels"] = {label: kernel_table(gms[label], label) for label in ("graphs_compiled", "graphs_fused")}
+        entry["kernels"] = {label: kernel_table(gms[label], label) for label in ("graphs_compiled", "graphs_fused")
+                            if label in gms}
         result[name] = entry
         del gms, model
         torch.cuda.empty_cache()

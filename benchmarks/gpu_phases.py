@@ -30,13 +30,19 @@ def cache_len(models, args) -> int:
     return longest + args.max_new_tokens + max(ks(args)) + 16
 
 
-def graph_pair(args, models, compile_blocks: bool = True) -> tuple[GraphVerifier, GraphDrafter]:
-    """One verifier and drafter pair per compile setting, kept in `models` so graphs are captured once."""
-    key = ("graphs", compile_blocks)
+KERNELS = ("fused", "compiled", "eager")  # graphs over: fused Triton layers, compiled blocks, eager kernels
+
+
+def graph_pair(args, models, kernels: str = "fused", draft: str = "draft") -> tuple[GraphVerifier, GraphDrafter]:
+    """One verifier and drafter pair per kernel choice, kept in `models` so graphs are captured once."""
+    key = ("graphs", kernels, draft)
     if key not in models:
         n = cache_len(models, args)
-        models[key] = (GraphVerifier(models["target"], compile_blocks, n),
-                       GraphDrafter(models["draft"], models["target"].config.vocab_size, compile_blocks, n))
+        opts = {"compile_blocks": kernels == "compiled", "fused_layers": kernels == "fused", "cache_len": n}
+        if ("verifier", kernels) not in models:  # one target per kernel choice, shared by every draft
+            models[("verifier", kernels)] = GraphVerifier(models["target"], **opts)
+        models[key] = (models[("verifier", kernels)],
+                       GraphDrafter(models[draft], models["target"].config.vocab_size, **opts))
     return models[key]
 
 
@@ -60,7 +66,7 @@ def phase_check(args, models) -> dict:
     n, prompts = 32, models["prompts"][:2]
     hf = models["hf_target"]
     eager = TorchVerifier(models["target"])
-    verifier, drafter = graph_pair(args, models, not args.no_compile)
+    verifier, drafter = graph_pair(args, models, args.kernels)
     rows = []
     for p in prompts:
         ids = p["ids"]
@@ -107,13 +113,15 @@ def step_times(verifier: GraphVerifier, drafter: GraphDrafter, k_values: list[in
 
 
 def phase_dfvg(args, models) -> dict:
-    """DFVG plain and speculative (GPU draft), fused device loop; generic loop at k=4; graphs w/o compile."""
+    """DFVG plain and speculative (GPU draft) with the fused device loop; generic loop at k=4; the other
+    kernel choices (compiled blocks, eager kernels) as plain (and k=4) rows; the distilled draft if loaded."""
     n, prompts, dev = args.max_new_tokens, models["prompts"], args.device
-    verifier, drafter = graph_pair(args, models, not args.no_compile)
+    verifier, drafter = graph_pair(args, models, args.kernels)
     start = time.perf_counter()
     FastGreedy(verifier, None, 0).generate(prompts[0]["ids"], 4)
-    runs = {"compile_and_capture_plain_s": time.perf_counter() - start}
-    runs["dfvg_plain"] = timed_runs("dfvg plain (graph)", prompts, dfvg_runner(verifier, None, 0, n), dev)
+    runs = {"capture_plain_s": time.perf_counter() - start, "kernels": args.kernels,
+            "why_not_fused": verifier.gm.why_not_fused}
+    runs["dfvg_plain"] = timed_runs(f"dfvg plain ({args.kernels})", prompts, dfvg_runner(verifier, None, 0, n), dev)
     for k in ks(args):
         runs[f"dfvg_spec_k{k}"] = timed_runs(f"dfvg spec gpu-draft k={k}", prompts,
                                              dfvg_runner(verifier, drafter, k, n), dev)
@@ -121,10 +129,19 @@ def phase_dfvg(args, models) -> dict:
                                       dfvg_runner(verifier, drafter, 4, n, "loop"), dev)
     runs["step_times"] = step_times(verifier, drafter, ks(args))
     print(f"  step times {runs['step_times']}", flush=True)
-    if not args.no_compile:
-        plain_verifier, _ = graph_pair(args, models, False)
-        runs["dfvg_plain_nocompile"] = timed_runs("dfvg plain (graph, no compile)", prompts,
-                                                  dfvg_runner(plain_verifier, None, 0, n), dev)
+    if "distilled" in models:
+        _, small = graph_pair(args, models, args.kernels, "distilled")
+        for k in ks(args):
+            runs[f"dfvg_distilled_k{k}"] = timed_runs(f"dfvg spec distilled-draft k={k}", prompts,
+                                                      dfvg_runner(verifier, small, k, n), dev)
+        runs["step_times_distilled"] = step_times(verifier, small, ks(args))
+    for other in (kind for kind in KERNELS if kind != args.kernels):
+        other_verifier, other_drafter = graph_pair(args, models, other)
+        runs[f"dfvg_{other}_plain"] = timed_runs(f"dfvg plain ({other})", prompts,
+                                                 dfvg_runner(other_verifier, None, 0, n), dev)
+        if other == "compiled":
+            runs["dfvg_compiled_spec_k4"] = timed_runs("dfvg spec k=4 (compiled)", prompts,
+                                                       dfvg_runner(other_verifier, other_drafter, 4, n), dev)
     eager = TorchVerifier(models["target"])
     runs["dfvg_plain_eager"] = timed_runs("dfvg plain (eager, 3 prompts)", prompts[:3],
                                           lambda ids: _out(generate(eager, ids, n)), dev)
@@ -199,7 +216,7 @@ def phase_hf_static(args, models) -> dict:
 def fpga_drafter(args, models):
     from dfvg.fpga.drafter import FpgaDrafter
 
-    draft_dir = Path(args.work_dir) / "draft"
+    draft_dir = Path(args.distilled_draft) if args.distilled_draft else Path(args.work_dir) / "draft"
     if args.tiny:
         draft_dir = Path(tempfile.mkdtemp()) / "draft"
         models["hf_draft"].save_pretrained(draft_dir)
@@ -208,22 +225,24 @@ def fpga_drafter(args, models):
 
 
 def phase_fpga(args, models) -> dict:
-    """FPGA-emulated draft (integer datapath on this GPU): sync loop, projection with the board model, overlap."""
-    n, dev, k = args.max_new_tokens, args.device, 4
+    """FPGA-emulated draft (integer datapath on this GPU): sync loop, projection with the board model, overlap.
+
+    The draft is the FPGA-sized distilled one (`--distilled-draft`; the 0.5B does not fit a board's memory)."""
+    n, dev = args.max_new_tokens, args.device
     prompts = models["prompts"][: max(3, args.prompts // 4)]
-    verifier, _ = graph_pair(args, models, not args.no_compile)
+    verifier, _ = graph_pair(args, models, args.kernels)
     start = time.perf_counter()
     drafter = fpga_drafter(args, models)
-    out = {"fpga_build_s": time.perf_counter() - start, "fpga_prompts": len(prompts), "k": k}
-    out["fpga_sync_k4"] = timed_runs("fpga-emulated sync k=4", prompts, dfvg_runner(verifier, drafter, k, n, "loop"),
-                                     dev)
-    try:
-        from dfvg.host.pipeline import run_pipeline
-    except ImportError as exc:
-        out["overlap_skipped"] = str(exc)
-        return out
-    out["fpga_overlap_k4"] = timed_runs(
-        "fpga-emulated overlap k=4", prompts,
-        lambda ids: _out(run_pipeline(verifier, drafter, ids, n, draft_length=k, mode="overlap")), dev)
+    out = {"fpga_build_s": time.perf_counter() - start, "fpga_prompts": len(prompts),
+           "fpga_draft": str(args.distilled_draft or "0.5B work-dir copy")}
+    from dfvg.host.pipeline import run_pipeline
+
+    for k in [int(k) for k in args.fpga_ks.split(",") if k]:
+        out[f"fpga_sync_k{k}"] = timed_runs(f"fpga-emulated sync k={k}", prompts,
+                                            dfvg_runner(verifier, drafter, k, n, "loop"), dev)
+        out[f"fpga_overlap_k{k}"] = timed_runs(
+            f"fpga-emulated overlap k={k}", prompts,
+            lambda ids, k=k: _out(run_pipeline(verifier, drafter, ids, n, draft_length=k, mode="overlap")), dev)
+        save(args, "fpga", dict(out))
     sync(dev)
     return out

@@ -34,6 +34,7 @@ from dfvg.checkpoint import config_from_dict, convert_state_dict  # noqa: E402
 from dfvg.model import Transformer  # noqa: E402
 
 TARGET_GGUF, DRAFT_GGUF = "qwen2.5-coder-1.5b-instruct.gguf", "qwen2.5-coder-0.5b-instruct.gguf"
+SHIPPED_DRAFT = ROOT / "drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,7 +50,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="also copy the JSON files here (the device's $OUT)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="random tiny Qwen2 pair (smoke test of this script)")
-    p.add_argument("--no-compile", action="store_true", help="graphs over eager kernels only")
+    p.add_argument("--kernels", default="fused", choices=("fused", "compiled", "eager"),
+                   help="what DFVG's graphs replay: fused Triton layers, compiled blocks, or eager kernels")
+    p.add_argument("--distilled-draft", default=str(SHIPPED_DRAFT),
+                   help="FPGA-sized distilled draft: extra GPU-draft rows, and the FPGA phase's draft ('' = none)")
+    p.add_argument("--fpga-ks", default="4,8", help="draft lengths of the FPGA-emulated phase")
     p.add_argument("--write-prompts", default=None)
     return p.parse_args(argv)
 
@@ -146,8 +151,13 @@ def load_models(args) -> dict:
         target = hf_from_gguf(args, TARGET_GGUF, "target")
         prompts = json.loads(Path(args.prompts_file).read_text())
     prompts = prompts[: args.prompts]
-    return {"hf_target": target, "hf_draft": draft, "target": dfvg_from_hf(target).to(args.device),
-            "draft": dfvg_from_hf(draft).to(args.device), "prompts": prompts}
+    models = {"hf_target": target, "hf_draft": draft, "target": dfvg_from_hf(target).to(args.device),
+              "draft": dfvg_from_hf(draft).to(args.device), "prompts": prompts}
+    if args.distilled_draft and not args.tiny:
+        from dfvg.checkpoint import load_model
+
+        models["distilled"] = load_model(args.distilled_draft, torch.bfloat16, args.device).eval()
+    return models
 
 
 def weight_bytes(model: Transformer) -> int:
