@@ -100,7 +100,7 @@ def apply_best(results: list[dict]) -> dict:
 def forwards(model: Transformer, quick: bool) -> dict[str, GraphModel]:
     gms = {"graphs_compiled": GraphModel(model, compile_blocks=True, fused_layers=False),
            "graphs_fused": GraphModel(model, compile_blocks=False, fused_layers=True),
-           "graphs_fused_cublas_w2": GraphModel(model, compile_blocks=False, fused_layers=True)}
+           "graphs_fused_cublas_w2_verify": GraphModel(model, compile_blocks=False, fused_layers=True)}
     if quick:
         del gms["graphs_compiled"]
     else:
@@ -115,6 +115,7 @@ def check(model: Transformer, gms: dict[str, GraphModel]) -> list[dict]:
     """Fused vs eager-kernel forward at POSITION with a random cache history, T = 1, 5, 9."""
     rows = []
     gms = {"reference": GraphModel(model, compile_blocks=False, fused_layers=False), **gms}
+    gms["reference"].ensure_cache(CACHE)
     cache = [layer.attention.kv_cache for layer in model.layers]
     for c in cache:
         c.k.normal_()
@@ -143,12 +144,12 @@ def replay_times(model: Transformer, gms: dict[str, GraphModel], ts=(1, 5, 9)) -
     start = gms["graphs_fused"].scratch_pos - 40
     out = {}
     for name, gm in gms.items():
-        fused.CUBLAS_DOWN_PROJECTION = name.endswith("cublas_w2")
+        fused.CUBLAS_DOWN_PROJECTION = not name.endswith("fused")
         for t in ts:
             runner = token_graph(gm, [0] * t, start, last_only=False)
             out[f"{name}_T{t}_ms"] = median_ms(runner.graph.replay)
         print(f"  {name}: " + ", ".join(f"T={t} {out[f'{name}_T{t}_ms']:.3f} ms" for t in ts), flush=True)
-    fused.CUBLAS_DOWN_PROJECTION = False
+    fused.CUBLAS_DOWN_PROJECTION = True
     return out
 
 

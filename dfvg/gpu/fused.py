@@ -266,8 +266,15 @@ def _tiles(rows: int) -> tuple[bool, int]:
     return (False, 1) if rows == 1 else (True, MAX_ROWS)
 
 
-# Per-shape block sizes measured best on the H200 (benchmarks/gpu_decode.py --sweep): (N, K, T == 1) -> config.
-TUNED: dict[tuple[int, int, bool], dict] = {}
+# Per-shape block sizes measured best on the H200 (benchmarks/gpu_decode.py --sweep --quick, 2026-12-03;
+# Qwen2.5-Coder-1.5B shapes): (N, K, T == 1) -> config. Other shapes take `linear_config`'s defaults.
+TUNED: dict[tuple[int, int, bool], dict] = {
+    (1536, 1536, True): {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4},
+    (8960, 1536, True): {"BN": 4, "BK": 512, "UNROLL": 2, "num_warps": 4},
+    (1536, 8960, True): {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4},
+    (1536, 1536, False): {"BN": 16, "BK": 256, "UNROLL": 1, "num_warps": 4},
+    (8960, 1536, False): {"BN": 32, "BK": 128, "UNROLL": 1, "num_warps": 4},
+}
 
 
 def linear_config(n: int, k: int, rows: int) -> dict:
@@ -277,8 +284,9 @@ def linear_config(n: int, k: int, rows: int) -> dict:
     if tuned is not None:
         return tuned
     if rows == 1:
-        return {"BN": 4, "BK": 512, "UNROLL": 2, "num_warps": 4}
-    return {"BN": 32 if n > 4096 else 16, "BK": 128, "UNROLL": 1, "num_warps": 4}
+        return {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4} if n <= 4096 else {
+            "BN": 4, "BK": 512, "UNROLL": 2, "num_warps": 4}
+    return {"BN": 32 if n > 4096 else 16, "BK": 128 if n > 4096 else 256, "UNROLL": 1, "num_warps": 4}
 
 
 def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias: Tensor | None = None,
@@ -353,14 +361,15 @@ def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, 
     q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims)
     x = fused_linear(attention(q, kc, vc, pos, dims), wo, bias=wo_b, residual=x)
     h = fused_linear(x, w13, norm=ffn_norm, swiglu=True, eps=eps)
-    if CUBLAS_DOWN_PROJECTION:
+    if CUBLAS_DOWN_PROJECTION and x.shape[0] > 1:
         return x + torch.nn.functional.linear(h, w2)
     return fused_linear(h, w2, residual=x)
 
 
-# cuBLAS streams the long-K down projection (8960 x 1536) faster than the fused kernel on the H200
-# (benchmarks/RESULTS.md); the residual add is then one more small launch.
-CUBLAS_DOWN_PROJECTION = False
+# With T > 1 rows cuBLAS streams the long-K down projection (8960 x 1536) in 12 us against the fused
+# kernel's 21 us on the H200 (at T = 1 the fused one wins, 9.4 vs 11.9 us); the residual add is then one
+# more small launch. benchmarks/RESULTS.md has the sweep.
+CUBLAS_DOWN_PROJECTION = True
 
 
 def supported(model) -> str | None:

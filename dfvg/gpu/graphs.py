@@ -145,9 +145,7 @@ class GraphModel:
             x = fused.layer_forward(x, pos, m.rope_cos, m.rope_sin, cache.k[0], cache.v[0], w, self.dims)
         if last_only:
             x = x[-1:]
-        if m.config.head_vocab_size:  # a head over a token subset scatters into the full vocabulary
-            return m.logits(x[None])[0]
-        return fused.fused_linear(x, m.output.weight, norm=m.norm.weight, eps=m.norm.eps, out_dtype=torch.float32)
+        return m.logits(x[None])[0]  # cuBLAS streams the 152k-row head faster than the fused GEMV (115 vs 136 us)
 
     def capture(self, key, body: Callable[[], Tensor], warmup: int = 2,
                 before: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph | EagerReplay, Tensor]:
