@@ -93,7 +93,7 @@ def apply_best(results: list[dict]) -> dict:
         if "us" in r and r.get("config") and (key not in best or r["us"] < best[key]["us"]):
             best[key] = r
     for r in best.values():
-        fused.TUNED[(r["n"], r["k"], r["T"] == 1)] = r["config"]
+        fused.TUNED[(r["n"], r["k"], fused.rows_bucket(r["T"]))] = r["config"]
     return {f"{shape} T={t}": {"config": r["config"], "us": r["us"]} for (shape, t), r in best.items()}
 
 
@@ -176,7 +176,9 @@ def sweep_configs(rows: int, quick: bool = False) -> list[dict]:
         if rows == 1:
             return [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": 4} for bn, bk, u in
                     ((2, 1024, 2), (4, 512, 1), (4, 512, 2), (4, 512, 4), (4, 1024, 2), (8, 512, 2), (8, 1024, 1))]
-        return [{"BN": bn, "BK": bk, "UNROLL": 1, "num_warps": 4} for bn in (16, 32) for bk in (128, 256)]
+        dot = [{"BN": bn, "BK": bk, "UNROLL": 1, "num_warps": 4} for bn in (16, 32) for bk in (128, 256)]
+        return dot + [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": 4, "DOT": False}
+                      for bn, bk, u in ((2, 256, 1), (2, 512, 1), (4, 256, 1), (4, 512, 1), (2, 512, 2))]
     if rows == 1:
         grid = [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": 4} for bn in (2, 4, 8) for bk in (512, 1024)
                 for u in (1, 2, 4)]
@@ -188,7 +190,8 @@ def sweep_configs(rows: int, quick: bool = False) -> list[dict]:
 def label_of(config: dict | None) -> str:
     if config is None:
         return "fused default"
-    return f"fused BN{config['BN']} BK{config['BK']} U{config['UNROLL']} w{config['num_warps']}"
+    dot = "" if config.get("DOT", True) else " nodot"
+    return f"fused BN{config['BN']} BK{config['BK']} U{config['UNROLL']} w{config['num_warps']}{dot}"
 
 
 def gemv_bench(cfg: ModelConfig, rows: int, sweep: bool, quick: bool = False) -> list[dict]:
@@ -233,10 +236,10 @@ def gemv_bench(cfg: ModelConfig, rows: int, sweep: bool, quick: bool = False) ->
     return results
 
 
-def kernel_table(gm: GraphModel, label: str) -> list[dict]:
+def kernel_table(gm: GraphModel, label: str, rows: int = 1) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
-    runner = token_graph(gm, [0], gm.scratch_pos - 40, last_only=False)
+    runner = token_graph(gm, [0] * rows, gm.scratch_pos - 40, last_only=False)
     runner.graph.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -248,7 +251,7 @@ def kernel_table(gm: GraphModel, label: str) -> list[dict]:
     rows.sort(key=lambda r: -r["us_per_step"])
     total = sum(r["us_per_step"] for r in rows)
     launches = sum(r["count_per_step"] for r in rows)
-    print(f"  {label}: {launches:.0f} kernels per T=1 step, {total:.0f} us of kernel time; top 8:")
+    print(f"  {label}: {launches:.0f} kernels per T={rows} step, {total:.0f} us of kernel time; top 8:")
     for r in rows[:8]:
         print(f"    {r['us_per_step']:8.1f} us  x{r['count_per_step']:5.0f}  {r['kernel']}")
     return rows
@@ -270,7 +273,7 @@ def main(argv=None) -> None:
         print(f"{name}:", flush=True)
         entry = {}
         if name == "qwen2.5-coder-1.5b":
-            entry["gemv"] = gemv_bench(cfg, 1, args.sweep, args.quick) + gemv_bench(cfg, 5, args.sweep, args.quick)
+            entry["gemv"] = [r for t in (1, 5, 9) for r in gemv_bench(cfg, t, args.sweep, args.quick)]
             entry["tuned"] = apply_best(entry["gemv"]) if args.sweep else {}
             print(f"  tuned: {entry['tuned']}", flush=True)
         model = random_model(cfg)
@@ -280,6 +283,7 @@ def main(argv=None) -> None:
                                      if n != "tok_embeddings.weight" or cfg.tie_word_embeddings)}
         entry["kernels"] = {label: kernel_table(gms[label], label) for label in ("graphs_compiled", "graphs_fused")
                             if label in gms}
+        entry["kernels_T5"] = kernel_table(gms["graphs_fused_cublas_w2_verify"], "fused, cuBLAS w2 for T > 1", 5)
         result[name] = entry
         del gms, model
         torch.cuda.empty_cache()

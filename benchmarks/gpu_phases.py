@@ -33,7 +33,7 @@ def cache_len(models, args) -> int:
 KERNELS = ("fused", "compiled", "eager")  # graphs over: fused Triton layers, compiled blocks, eager kernels
 
 
-def graph_pair(args, models, kernels: str = "fused", draft: str = "draft") -> tuple[GraphVerifier, GraphDrafter]:
+def graph_pair(args, models, kernels: str = "fused", draft: str = "draft") -> tuple[GraphVerifier, GraphDrafter | None]:
     """One verifier and drafter pair per kernel choice, kept in `models` so graphs are captured once."""
     key = ("graphs", kernels, draft)
     if key not in models:
@@ -41,8 +41,9 @@ def graph_pair(args, models, kernels: str = "fused", draft: str = "draft") -> tu
         opts = {"compile_blocks": kernels == "compiled", "fused_layers": kernels == "fused", "cache_len": n}
         if ("verifier", kernels) not in models:  # one target per kernel choice, shared by every draft
             models[("verifier", kernels)] = GraphVerifier(models["target"], **opts)
-        models[key] = (models[("verifier", kernels)],
-                       GraphDrafter(models[draft], models["target"].config.vocab_size, **opts))
+        drafter = None if models.get(draft) is None else GraphDrafter(
+            models[draft], models["target"].config.vocab_size, **opts)
+        models[key] = (models[("verifier", kernels)], drafter)
     return models[key]
 
 
@@ -66,13 +67,14 @@ def phase_check(args, models) -> dict:
     n, prompts = 32, models["prompts"][:2]
     hf = models["hf_target"]
     eager = TorchVerifier(models["target"])
-    verifier, drafter = graph_pair(args, models, args.kernels)
+    draft = "draft" if models.get("draft") is not None else "distilled"  # --skip-draft: the distilled one
+    verifier, drafter = graph_pair(args, models, args.kernels, draft)
     rows = []
     for p in prompts:
         ids = p["ids"]
         ref = hf_generate(hf, None, 0, n, args.device)(ids)[0]
         out = {"hf": ref, "dfvg_eager": generate(eager, ids, n).tokens,
-               "dfvg_eager_spec_k4": generate(eager, ids, n, drafter=TorchDrafter(models["draft"]),
+               "dfvg_eager_spec_k4": generate(eager, ids, n, drafter=TorchDrafter(models[draft]),
                                               draft_length=4).tokens,
                "graph_plain": FastGreedy(verifier, None, 0).generate(ids, n).tokens,
                "graph_fast_k4": FastGreedy(verifier, drafter, 4).generate(ids, n).tokens,
@@ -122,14 +124,15 @@ def phase_dfvg(args, models) -> dict:
     runs = {"capture_plain_s": time.perf_counter() - start, "kernels": args.kernels,
             "why_not_fused": verifier.gm.why_not_fused}
     runs["dfvg_plain"] = timed_runs(f"dfvg plain ({args.kernels})", prompts, dfvg_runner(verifier, None, 0, n), dev)
-    for k in ks(args):
-        runs[f"dfvg_spec_k{k}"] = timed_runs(f"dfvg spec gpu-draft k={k}", prompts,
-                                             dfvg_runner(verifier, drafter, k, n), dev)
-    runs["dfvg_loop_k4"] = timed_runs("dfvg generic loop k=4", prompts,
-                                      dfvg_runner(verifier, drafter, 4, n, "loop"), dev)
-    if dev.startswith("cuda"):  # CUDA events
-        runs["step_times"] = step_times(verifier, drafter, ks(args))
-        print(f"  step times {runs['step_times']}", flush=True)
+    if drafter is not None:
+        for k in ks(args):
+            runs[f"dfvg_spec_k{k}"] = timed_runs(f"dfvg spec gpu-draft k={k}", prompts,
+                                                 dfvg_runner(verifier, drafter, k, n), dev)
+        runs["dfvg_loop_k4"] = timed_runs("dfvg generic loop k=4", prompts,
+                                          dfvg_runner(verifier, drafter, 4, n, "loop"), dev)
+        if dev.startswith("cuda"):  # CUDA events
+            runs["step_times"] = step_times(verifier, drafter, ks(args))
+            print(f"  step times {runs['step_times']}", flush=True)
     if "distilled" in models:
         _, small = graph_pair(args, models, args.kernels, "distilled")
         for k in ks(args):

@@ -54,6 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="what DFVG's graphs replay: fused Triton layers, compiled blocks, or eager kernels")
     p.add_argument("--distilled-draft", default=str(SHIPPED_DRAFT),
                    help="FPGA-sized distilled draft: extra GPU-draft rows, and the FPGA phase's draft ('' = none)")
+    p.add_argument("--skip-draft", action="store_true",
+                   help="no 0.5B draft (its GGUF is not on the machine): target, distilled and FPGA rows only")
     p.add_argument("--fpga-ks", default="4,8", help="draft lengths of the FPGA-emulated phase")
     p.add_argument("--write-prompts", default=None)
     return p.parse_args(argv)
@@ -147,12 +149,12 @@ def load_models(args) -> dict:
         draft = hf_tiny(2, args.device, hidden_size=64, num_hidden_layers=1, intermediate_size=128)
         prompts = [{"id": f"tiny/{i}", "ids": torch.randint(0, 512, (20 + 7 * i,)).tolist()} for i in range(6)]
     else:
-        draft = hf_from_gguf(args, DRAFT_GGUF, "draft")
+        draft = None if args.skip_draft else hf_from_gguf(args, DRAFT_GGUF, "draft")
         target = hf_from_gguf(args, TARGET_GGUF, "target")
         prompts = json.loads(Path(args.prompts_file).read_text())
     prompts = prompts[: args.prompts]
     models = {"hf_target": target, "hf_draft": draft, "target": dfvg_from_hf(target).to(args.device),
-              "draft": dfvg_from_hf(draft).to(args.device), "prompts": prompts}
+              "draft": None if draft is None else dfvg_from_hf(draft).to(args.device), "prompts": prompts}
     if args.distilled_draft and not args.tiny:
         from dfvg.checkpoint import load_model
 
@@ -231,8 +233,8 @@ def main(argv=None) -> int:
         payload.update(env=env_info(args.device), phase_s=time.perf_counter() - start,
                        command=" ".join(sys.argv))
         if models is not None:
-            payload["weight_bytes"] = {"target": weight_bytes(models["target"]),
-                                       "draft": weight_bytes(models["draft"])}
+            payload["weight_bytes"] = {name: weight_bytes(models[name]) for name in ("target", "draft", "distilled")
+                                       if models.get(name) is not None}
         save(args, phase, payload)
     if "report" in phases:
         merged = report(Path(args.results))

@@ -106,7 +106,7 @@ if HAVE_TRITON:
                 acc0 += _dot(a, tl.trans(_w_tile(w_ptr, row0, n_rows, K, k0, BN, BK)), F32)
                 if PAIR:
                     acc1 += _dot(a, tl.trans(_w_tile(w_ptr, row1, n_rows, K, k0, BN, BK)), F32)
-        else:
+        elif BT == 1:
             part0 = tl.zeros((BN, BK), tl.float32)
             part1 = tl.zeros((BN, BK), tl.float32)
             for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
@@ -116,6 +116,16 @@ if HAVE_TRITON:
                     part1 += _w_tile(w_ptr, row1, n_rows, K, k0, BN, BK).to(tl.float32) * a
             acc0 = tl.sum(part0, axis=1)[None, :]
             acc1 = tl.sum(part1, axis=1)[None, :]
+        else:  # a few rows without tensor cores: [BT, BN, BK] partial products, so BN can stay small
+            part0 = tl.zeros((BT, BN, BK), tl.float32)
+            part1 = tl.zeros((BT, BN, BK), tl.float32)
+            for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
+                a = _a_tile(x_ptr, x_stride, g_ptr, rstd, rows, K, k0, NORM, BT, BK).to(tl.float32)[:, None, :]
+                part0 += _w_tile(w_ptr, row0, n_rows, K, k0, BN, BK).to(tl.float32)[None, :, :] * a
+                if PAIR:
+                    part1 += _w_tile(w_ptr, row1, n_rows, K, k0, BN, BK).to(tl.float32)[None, :, :] * a
+            acc0 = tl.sum(part0, axis=2)
+            acc1 = tl.sum(part1, axis=2)
         return acc0, acc1
 
     @triton.jit
@@ -261,26 +271,37 @@ if HAVE_TRITON:
         tl.store(out_ptr + t * (HEADS * HD) + head * HD + d, out.to(tl.bfloat16))
 
 
-def _tiles(rows: int) -> tuple[bool, int]:
-    """(use tensor-core dot, padded tile height) for a number of rows."""
-    return (False, 1) if rows == 1 else (True, MAX_ROWS)
+def _tiles(rows: int, cfg: dict) -> tuple[bool, int]:
+    """(use tensor-core dot, padded tile height): T = 1 multiply-and-sum; T > 1 `tl.dot` on 16-row tiles,
+    or (config DOT False) multiply-and-sum over rows padded to a power of two."""
+    if rows == 1:
+        return False, 1
+    if not cfg.get("DOT", True):
+        return False, triton.next_power_of_2(rows)
+    return True, MAX_ROWS
+
+
+def rows_bucket(rows: int) -> int:
+    """The row counts that share tuned block sizes: 1 (decode), 2..8 (k <= 7 verify, catch-up), 9..16."""
+    return 1 if rows == 1 else (8 if rows <= 8 else 16)
 
 
 # Per-shape block sizes measured best on the H200 (benchmarks/gpu_decode.py --sweep --quick, 2026-12-03;
-# Qwen2.5-Coder-1.5B shapes): (N, K, T == 1) -> config. Other shapes take `linear_config`'s defaults.
-TUNED: dict[tuple[int, int, bool], dict] = {
-    (1536, 1536, True): {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4},
-    (8960, 1536, True): {"BN": 4, "BK": 512, "UNROLL": 2, "num_warps": 4},
-    (1536, 8960, True): {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4},
-    (1536, 1536, False): {"BN": 16, "BK": 256, "UNROLL": 1, "num_warps": 4},
-    (8960, 1536, False): {"BN": 32, "BK": 128, "UNROLL": 1, "num_warps": 4},
+# Qwen2.5-Coder-1.5B shapes): (N, K, rows_bucket) -> config. Other shapes take `linear_config`'s defaults.
+TUNED: dict[tuple[int, int, int], dict] = {
+    (1536, 1536, 1): {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4},
+    (8960, 1536, 1): {"BN": 4, "BK": 512, "UNROLL": 2, "num_warps": 4},
+    (1536, 8960, 1): {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4},
+    (1536, 1536, 8): {"BN": 16, "BK": 256, "UNROLL": 1, "num_warps": 4},
+    (8960, 1536, 8): {"BN": 32, "BK": 128, "UNROLL": 1, "num_warps": 4},
 }
 
 
 def linear_config(n: int, k: int, rows: int) -> dict:
     """Block sizes of a GEMV-shaped launch: the tuned entry for this shape, else a default that suits
-    the H200 sweep's shapes. BN weight rows per program, BK columns per tile, UNROLL tiles in flight."""
-    tuned = TUNED.get((n, k, rows == 1))
+    the H200 sweep's shapes. BN weight rows per program, BK columns per tile, UNROLL tiles in flight,
+    DOT False: no tensor cores for T > 1."""
+    tuned = TUNED.get((n, k, rows_bucket(rows)))
     if tuned is not None:
         return tuned
     if rows == 1:
@@ -298,8 +319,8 @@ def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias:
     weight; residual [T, N]. One launch; T <= MAX_ROWS; x's rows must be contiguous."""
     rows, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
-    use_dot, bt = _tiles(rows)
     cfg = {**linear_config(n, k, rows), **(config or {})}
+    use_dot, bt = _tiles(rows, cfg)
     out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
     dummy = weight
     _linear_kernel[(triton.cdiv(n, cfg["BN"]),)](
@@ -316,8 +337,8 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
     """RMSNorm + QKV projection + RoPE; writes k/v into kc/vc [S, KV, hd] at pos; returns q [T, H*hd]."""
     heads, kv_heads, hd, _, eps = dims
     rows, k = x.shape
-    use_dot, bt = _tiles(rows)
     cfg = {**linear_config(weight.shape[0], k, rows), **(config or {})}
+    use_dot, bt = _tiles(rows, cfg)
     block_n = min(cfg["BN"], hd // 2)
     q = torch.empty(rows, heads * hd, dtype=x.dtype, device=x.device)
     grid = ((heads + 2 * kv_heads) * (hd // 2 // block_n),)
