@@ -289,6 +289,9 @@ def main(argv=None) -> None:
         torch.cuda.empty_cache()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "gpu_decode.json").write_text(json.dumps(result, indent=1))
+    if args.sweep:  # gpu_speed.py --tuned applies the same block sizes to the real-model run
+        tuned = [[n, k, bucket, config] for (n, k, bucket), config in fused.TUNED.items()]
+        (Path(args.out) / "tuned.json").write_text(json.dumps(tuned))
     print(f"wrote {Path(args.out) / 'gpu_decode.json'}")
 
 

@@ -54,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="what DFVG's graphs replay: fused Triton layers, compiled blocks, or eager kernels")
     p.add_argument("--distilled-draft", default=str(SHIPPED_DRAFT),
                    help="FPGA-sized distilled draft: extra GPU-draft rows, and the FPGA phase's draft ('' = none)")
+    p.add_argument("--tuned", default=None, help="tuned.json of benchmarks/gpu_decode.py --sweep: fused block sizes")
     p.add_argument("--skip-draft", action="store_true",
                    help="no 0.5B draft (its GGUF is not on the machine): target, distilled and FPGA rows only")
     p.add_argument("--fpga-ks", default="4,8", help="draft lengths of the FPGA-emulated phase")
@@ -197,6 +198,12 @@ def timed_runs(name: str, prompts: list[dict], run_one, device: str, warm: bool 
             "provenance": "measured"}
 
 
+def _tuned_table() -> list:
+    from dfvg.gpu import fused
+
+    return [[n, k, bucket, config] for (n, k, bucket), config in fused.TUNED.items()]
+
+
 def save(args, phase: str, payload: dict) -> None:
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
@@ -214,6 +221,12 @@ def main(argv=None) -> int:
         return 0
     from benchmarks import gpu_phases
 
+    if args.tuned:
+        from dfvg.gpu import fused
+
+        for n, k, bucket, config in json.loads(Path(args.tuned).read_text()):
+            fused.TUNED[(n, k, bucket)] = config
+        print(f"fused block sizes from {args.tuned}: {len(fused.TUNED)} shapes", flush=True)
     phases = args.phases.split(",")
     models = None
     for phase in phases:
@@ -231,7 +244,7 @@ def main(argv=None) -> int:
             traceback.print_exc()
             payload = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         payload.update(env=env_info(args.device), phase_s=time.perf_counter() - start,
-                       command=" ".join(sys.argv))
+                       command=" ".join(sys.argv), fused_tuned=_tuned_table())
         if models is not None:
             payload["weight_bytes"] = {name: weight_bytes(models[name]) for name in ("target", "draft", "distilled")
                                        if models.get(name) is not None}
