@@ -174,8 +174,9 @@ def rotating(call, weights: list) -> callable:
 def sweep_configs(rows: int, quick: bool = False) -> list[dict]:
     if quick:
         if rows == 1:
-            return [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": 4} for bn, bk, u in
-                    ((2, 1024, 2), (4, 512, 1), (4, 512, 2), (4, 512, 4), (4, 1024, 2), (8, 512, 2), (8, 1024, 1))]
+            return [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": w} for bn, bk, u, w in
+                    ((2, 1024, 2, 4), (4, 512, 1, 4), (4, 512, 2, 4), (4, 512, 4, 4), (4, 1024, 2, 4),
+                     (8, 512, 2, 4), (8, 1024, 1, 4), (4, 512, 2, 8), (8, 512, 2, 8), (4, 256, 4, 4))]
         dot = [{"BN": bn, "BK": bk, "UNROLL": 1, "num_warps": 4} for bn in (16, 32) for bk in (128, 256)]
         return dot + [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": 4, "DOT": False}
                       for bn, bk, u in ((2, 256, 1), (2, 512, 1), (4, 256, 1), (4, 512, 1), (2, 512, 2))]
