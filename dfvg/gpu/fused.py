@@ -26,29 +26,19 @@ head_dim not a power of two, more than `MAX_ROWS` rows, and machines without Tri
 
 from __future__ import annotations
 
-import math
-import os
-
 import torch
 from torch import Tensor
 
+from dfvg.gpu.decode_attention import INTERPRETED, attention
 from dfvg.gpu.kernels import HAVE_TRITON
 
 MAX_ROWS = 16  # new tokens per launch (the padded tile height of the T > 1 path)
-# Triton's CPU interpreter (TRITON_INTERPRET=1, how CPU tests run these kernels) gets bf16 arithmetic
-# wrong, so under it every product takes float32 operands; on a GPU `tl.dot` takes the bf16 tiles.
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def _dot(a, b, F32: tl.constexpr):
-        """a [M, K] @ b [K, N] in float32 (bf16 tiles on the GPU; float32 tiles in the interpreter)."""
-        if F32:
-            return tl.dot(a.to(tl.float32), b.to(tl.float32))
-        return tl.dot(a, b)
+    from dfvg.gpu.decode_attention import _dot
 
     @triton.jit
     def _product(a, w, USE_DOT: tl.constexpr, F32: tl.constexpr):
@@ -204,72 +194,6 @@ if HAVE_TRITON:
             tl.store(vc_ptr + v_at, y_lo.to(tl.bfloat16), mask=mask)
             tl.store(vc_ptr + v_at + HALF, y_hi.to(tl.bfloat16), mask=mask)
 
-    @triton.jit
-    def _attention_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, rows, scale,
-                                HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr, F32: tl.constexpr,
-                                BM: tl.constexpr, BS: tl.constexpr):
-        """Program (kv head, split): every query row of the kv head's GROUP heads (packed r = g * rows + t)
-        against cache slots split*BS.. of those <= pos[t]; writes the partial softmax state (m, l, acc).
-
-        Split over slots (flash decoding) because one program per head walks ~400 slots in sequence; here
-        each program reads one tile of K and V, and `_attention_combine_kernel` merges the splits."""
-        GROUP: tl.constexpr = HEADS // KV_HEADS
-        kv = tl.program_id(0)
-        split = tl.program_id(1)
-        end = tl.load(pos_ptr + rows - 1) + 1  # positions ascend: the last row sees the most slots
-        if split * BS < end:
-            r = tl.arange(0, BM)
-            live = r < GROUP * rows
-            t = r % rows
-            head = kv * GROUP + r // rows
-            d = tl.arange(0, HD)
-            q = tl.load(q_ptr + t[:, None] * (HEADS * HD) + head[:, None] * HD + d[None, :], mask=live[:, None],
-                        other=0.0)
-            pos = tl.load(pos_ptr + t, mask=live, other=-1)
-            s = split * BS + tl.arange(0, BS)
-            offs = s[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
-            keys = tl.load(kc_ptr + offs, mask=(s < end)[:, None], other=0.0)
-            values = tl.load(vc_ptr + offs, mask=(s < end)[:, None], other=0.0)
-            scores = _dot(q, tl.trans(keys), F32) * scale  # [BM, BS] float32
-            scores = tl.where(s[None, :] <= pos[:, None], scores, -float("inf"))
-            m = tl.max(scores, axis=1)
-            p = tl.exp(scores - tl.where(m == -float("inf"), 0.0, m)[:, None])
-            state = (split * KV_HEADS + kv) * BM + r
-            tl.store(m_ptr + state, m)
-            tl.store(l_ptr + state, tl.sum(p, axis=1))
-            tl.store(acc_ptr + state[:, None] * HD + d[None, :], _dot(p.to(values.dtype), values, F32))
-
-    @triton.jit
-    def _attention_combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
-                                  KV_HEADS: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
-                                  NS: tl.constexpr):
-        """Program (head, row): merge the live splits' (m, l, acc) of one query row -> out [rows, HEADS*HD]."""
-        GROUP: tl.constexpr = HEADS // KV_HEADS
-        head = tl.program_id(0)
-        t = tl.program_id(1)
-        kv = head // GROUP
-        r = (head % GROUP) * rows + t
-        live_splits = (tl.load(pos_ptr + rows - 1) + BS) // BS
-        d = tl.arange(0, HD)
-        m_run = -float("inf")
-        l_run = 0.0
-        acc = tl.zeros((HD,), tl.float32)
-        for s0 in range(0, live_splits, NS):
-            sp = s0 + tl.arange(0, NS)
-            live = sp < live_splits
-            state = (sp * KV_HEADS + kv) * BM + r
-            m = tl.load(m_ptr + state, mask=live, other=-float("inf"))
-            m_new = tl.maximum(m_run, tl.max(m, axis=0))
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            w = tl.where(live, tl.exp(m - m_safe), 0.0)
-            scale_old = tl.exp(m_run - m_safe)
-            l_run = l_run * scale_old + tl.sum(w * tl.load(l_ptr + state, mask=live, other=0.0), axis=0)
-            part = tl.load(acc_ptr + state[:, None] * HD + d[None, :], mask=live[:, None], other=0.0)
-            acc = acc * scale_old + tl.sum(w[:, None] * part, axis=0)
-            m_run = m_new
-        out = acc / tl.where(l_run == 0, 1.0, l_run)
-        tl.store(out_ptr + t * (HEADS * HD) + head * HD + d, out.to(tl.bfloat16))
-
 
 def _tiles(rows: int, cfg: dict) -> tuple[bool, int]:
     """(use tensor-core dot, padded tile height): T = 1 multiply-and-sum; T > 1 `tl.dot` on 16-row tiles,
@@ -347,29 +271,6 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
                            USE_DOT=use_dot, F32=INTERPRETED, BT=bt, BN=block_n, BK=cfg["BK"],
                            UNROLL=cfg["UNROLL"], num_warps=cfg["num_warps"])
     return q
-
-
-ATTENTION_SPLIT = 64  # cache slots per attention program
-
-
-def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple) -> Tensor:
-    """q [T, H*hd] (rotated) over cache kc/vc [S, KV, hd] at slots <= pos[t] -> [T, H*hd] bf16.
-
-    Two launches: per (kv head, 64-slot split) partial softmax, then the merge per (head, row)."""
-    heads, kv_heads, hd, _, _ = dims
-    rows = q.shape[0]
-    splits = triton.cdiv(kc.shape[0], ATTENTION_SPLIT)
-    block_m = max(16, triton.next_power_of_2(heads // kv_heads * rows))
-    m = torch.empty(splits, kv_heads, block_m, dtype=torch.float32, device=q.device)
-    l_sum = torch.empty_like(m)
-    acc = torch.empty(splits, kv_heads, block_m, hd, dtype=torch.float32, device=q.device)
-    _attention_split_kernel[(kv_heads, splits)](q, kc, vc, pos, m, l_sum, acc, rows, 1.0 / math.sqrt(hd),
-                                                HEADS=heads, KV_HEADS=kv_heads, HD=hd, F32=INTERPRETED,
-                                                BM=block_m, BS=ATTENTION_SPLIT, num_warps=4)
-    out = torch.empty_like(q)
-    _attention_combine_kernel[(heads, rows)](pos, m, l_sum, acc, out, rows, HEADS=heads, KV_HEADS=kv_heads, HD=hd,
-                                             BM=block_m, BS=ATTENTION_SPLIT, NS=32, num_warps=4)
-    return out
 
 
 def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, vc: Tensor, w: tuple,
