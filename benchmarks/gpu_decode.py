@@ -237,10 +237,42 @@ def gemv_bench(cfg: ModelConfig, rows: int, sweep: bool, quick: bool = False) ->
     return results
 
 
-def kernel_table(gm: GraphModel, label: str, rows: int = 1) -> list[dict]:
+def qkv_bench(cfg: ModelConfig, rows: int) -> list[dict]:
+    """The fused RMSNorm+QKV+RoPE+cache-write launch alone per config (28 launches per graph)."""
+    d, hd = cfg.hidden_size, cfg.head_dim
+    dims = (cfg.num_heads, cfg.num_kv_heads, hd, cfg.intermediate_size, cfg.rms_norm_eps)
+    weights = [torch.randn(cfg.qkv_size, d, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(28)]
+    bias = torch.zeros(cfg.qkv_size, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, d, device="cuda", dtype=torch.bfloat16)
+    g = torch.ones(d, device="cuda", dtype=torch.bfloat16)
+    pos = torch.arange(400, 400 + rows, device="cuda")
+    cos, sin = torch.randn(CACHE, hd, device="cuda"), torch.randn(CACHE, hd, device="cuda")
+    kc = torch.zeros(CACHE, cfg.num_kv_heads, hd, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    configs = [None] + ([{"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4}, {"BN": 4, "BK": 512, "UNROLL": 2,
+                                                                            "num_warps": 4}] if rows == 1 else
+                        [{"BN": 16, "BK": 128, "UNROLL": 1, "num_warps": 4},
+                         {"BN": 2, "BK": 512, "UNROLL": 1, "num_warps": 4, "DOT": False},
+                         {"BN": 2, "BK": 256, "UNROLL": 2, "num_warps": 4, "DOT": False},
+                         {"BN": 4, "BK": 256, "UNROLL": 1, "num_warps": 4, "DOT": False}])
+    out = []
+    for config in configs:
+        fn = rotating(lambda w, config=config: fused.qkv_rope(x, g, w, bias, pos, cos, sin, kc, vc, dims, config),
+                      weights)
+        try:
+            us = median_ms(graph_of(fn, 28).replay, 20) * 1000 / 28
+        except Exception as exc:
+            out.append({"T": rows, "variant": label_of(config), "error": str(exc)[:200]})
+            continue
+        out.append({"T": rows, "variant": label_of(config), "config": config, "us": us})
+        print(f"  qkv_rope T={rows} {label_of(config)}: {us:.1f} us", flush=True)
+    return out
+
+
+def kernel_table(gm: GraphModel, label: str, t: int = 1) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
-    runner = token_graph(gm, [0] * rows, gm.scratch_pos - 40, last_only=False)
+    runner = token_graph(gm, [0] * t, gm.scratch_pos - 40, last_only=False)
     runner.graph.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -252,7 +284,7 @@ def kernel_table(gm: GraphModel, label: str, rows: int = 1) -> list[dict]:
     rows.sort(key=lambda r: -r["us_per_step"])
     total = sum(r["us_per_step"] for r in rows)
     launches = sum(r["count_per_step"] for r in rows)
-    print(f"  {label}: {launches:.0f} kernels per T={rows} step, {total:.0f} us of kernel time; top 8:")
+    print(f"  {label}: {launches:.0f} kernels per T={t} step, {total:.0f} us of kernel time; top 8:")
     for r in rows[:8]:
         print(f"    {r['us_per_step']:8.1f} us  x{r['count_per_step']:5.0f}  {r['kernel']}")
     return rows
@@ -264,11 +296,17 @@ def main(argv=None) -> None:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--models", default=",".join(SHAPES))
     p.add_argument("--quick", action="store_true", help="a smaller sweep, fused forwards only")
+    p.add_argument("--qkv-only", action="store_true", help="only the QKV+RoPE launch per config")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gpu_decode.py needs a CUDA GPU (this machine has none)")
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
               "cache_slots": CACHE, "position": POSITION}
+    if args.qkv_only:
+        result["qkv"] = [r for t in (1, 5, 9) for r in qkv_bench(SHAPES["qwen2.5-coder-1.5b"], t)]
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "gpu_decode_qkv.json").write_text(json.dumps(result, indent=1))
+        return
     for name in args.models.split(","):
         cfg = SHAPES[name]
         print(f"{name}:", flush=True)
