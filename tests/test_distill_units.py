@@ -96,3 +96,25 @@ def test_token_rows_map_head_tokens_to_their_rows_and_others_to_the_nearest():
     embed = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [0.2, 0.8], [-1.0, 0.05]])
     rows = vocab.token_rows(embed, torch.tensor([0, 1, 4]), chunk=2)
     assert rows.tolist() == [0, 1, 0, 1, 2]
+
+
+def test_training_restores_the_callers_tf32_setting():
+    """train() turns TF32 on for its own matmuls only: float32 decoding after it must stay exact."""
+    import torch
+
+    from dfvg.distill.train import tf32_matmuls
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        with tf32_matmuls():
+            assert torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        try:
+            with tf32_matmuls():
+                raise RuntimeError("a failing step")
+        except RuntimeError:
+            pass
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

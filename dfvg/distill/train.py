@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -146,13 +147,32 @@ def train(model: Transformer, data: list[TeacherSequence], params: TrainParams, 
     params.check()
     if not data:
         raise UserError("no training sequences (every prompt was held out?)")
-    torch.backends.cuda.matmul.allow_tf32 = True
     generator = torch.Generator().manual_seed(params.seed)
     model.to(device).train().requires_grad_(True)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     other = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": params.weight_decay},
                                    {"params": other, "weight_decay": 0.0}], lr=params.lr, betas=(0.9, 0.95))
+    with tf32_matmuls():
+        losses = _steps(model, data, params, in_head, device, optimizer, generator, log, log_every)
+    model.eval().requires_grad_(False)
+    return losses
+
+
+@contextmanager
+def tf32_matmuls():
+    """TF32 float32 matmuls while training (speed), then the caller's setting again: a process that
+    evaluates or decodes in float32 after training must not inherit TF32 rounding silently."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _steps(model: Transformer, data: list[TeacherSequence], params: TrainParams, in_head: Tensor,
+           device: torch.device, optimizer, generator: torch.Generator, log, log_every: int) -> list[float]:
     order, losses, start = [], [], time.perf_counter()
     for step in range(params.steps):
         if len(order) < params.batch_size:
@@ -169,5 +189,4 @@ def train(model: Transformer, data: list[TeacherSequence], params: TrainParams, 
         losses.append(loss.item())
         if step % log_every == 0 or step == params.steps - 1:
             log(f"train: step {step + 1}/{params.steps} loss {losses[-1]:.4f} ({time.perf_counter() - start:.1f} s)")
-    model.eval().requires_grad_(False)
     return losses
