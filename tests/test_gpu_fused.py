@@ -76,7 +76,7 @@ def test_fused_layer_matches_block_on_gpu(head_dim, rows, start):
 def test_fused_graph_model_matches_eager_forward_on_gpu():
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
-    from dfvg.gpu.graphs import GraphModel
+    from dfvg.gpu.graphs import GraphModel, graph_prefill
 
     model = small_model(64, "cuda", layers=3)
     gm = GraphModel(model, compile_blocks=False, fused_layers=True)
@@ -85,7 +85,7 @@ def test_fused_graph_model_matches_eager_forward_on_gpu():
     ids = torch.randint(0, 512, (1, 40), device="cuda")
     with torch.inference_mode():
         want = model(ids, torch.arange(40, device="cuda")[None])[0, -5:].float()
-        model.feed(ids[0, :35].tolist(), 0)  # history through the eager path, last 5 tokens fused
+        graph_prefill(gm, ids[0, :35].tolist())  # history in fused 16-token chunks, then 5 fused tokens
         got = gm.forward(ids[:, 35:], torch.arange(35, 40, device="cuda")).float()
     assert ((got - want).norm() / want.norm()).item() < 3e-2
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.8
