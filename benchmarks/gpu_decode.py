@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dfvg.gpu import fused  # noqa: E402
-from dfvg.gpu.graphs import GraphModel, token_graph  # noqa: E402
+from dfvg.gpu.graphs import GraphModel, graph_prefill, token_graph  # noqa: E402
 from dfvg.model import ModelConfig, Transformer  # noqa: E402
 
 SHAPES = {  # config.json facts of the pinned pair (models/*/config.json after scripts/download_models.py)
@@ -269,6 +269,20 @@ def qkv_bench(cfg: ModelConfig, rows: int) -> list[dict]:
     return out
 
 
+def prefill_times(cfg: ModelConfig, length: int = 150) -> dict:
+    """Prefill of a `length`-token prompt: eager feed vs 16-token chunks through the fused T=16 graph."""
+    model = random_model(cfg)
+    gm = GraphModel(model, compile_blocks=False, fused_layers=True)
+    gm.ensure_cache(CACHE)
+    ids = torch.randint(0, cfg.vocab_size, (length,)).tolist()
+    with torch.inference_mode():
+        graph_prefill(gm, ids)  # capture
+        eager = median_ms(lambda: model.feed(ids, 0, last_only=True), 5)
+        chunked = median_ms(lambda: graph_prefill(gm, ids), 5)
+    print(f"  prefill {length} tokens: eager {eager:.1f} ms, fused 16-token graph chunks {chunked:.1f} ms", flush=True)
+    return {"tokens": length, "eager_ms": eager, "graph_chunks_ms": chunked}
+
+
 def kernel_table(gm: GraphModel, label: str, t: int = 1) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -296,13 +310,14 @@ def main(argv=None) -> None:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--models", default=",".join(SHAPES))
     p.add_argument("--quick", action="store_true", help="a smaller sweep, fused forwards only")
-    p.add_argument("--qkv-only", action="store_true", help="only the QKV+RoPE launch per config")
+    p.add_argument("--qkv-only", action="store_true", help="only prefill timing and the QKV+RoPE launch per config")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gpu_decode.py needs a CUDA GPU (this machine has none)")
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
               "cache_slots": CACHE, "position": POSITION}
     if args.qkv_only:
+        result["prefill"] = {name: prefill_times(cfg) for name, cfg in SHAPES.items()}
         result["qkv"] = [r for t in (1, 5, 9) for r in qkv_bench(SHAPES["qwen2.5-coder-1.5b"], t)]
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "gpu_decode_qkv.json").write_text(json.dumps(result, indent=1))
