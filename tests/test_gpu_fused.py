@@ -107,3 +107,21 @@ def test_fused_layer_under_triton_interpreter():
     assert proc.returncode == 0, proc.stderr[-2000:]
     out_err, k_err = map(float, proc.stdout.split()[-2:])
     assert out_err < 2e-2 and k_err < 2e-2, (out_err, k_err)
+
+
+def test_block_sizes_come_from_the_tuned_table_then_defaults():
+    from dfvg.gpu import fused
+
+    assert [fused.rows_bucket(t) for t in (1, 2, 5, 8, 9, 16)] == [1, 8, 8, 8, 16, 16]
+    assert fused.linear_config(8960, 1536, 1) == fused.TUNED[(8960, 1536, 1)]
+    assert fused.linear_config(8960, 1536, 5) == fused.TUNED[(8960, 1536, 8)]
+    small, large = fused.linear_config(896, 896, 1), fused.linear_config(4864, 896, 1)
+    assert small["BN"] <= large["BN"] and small["BK"] >= large["BK"]  # untuned shapes: wide tiles for small N
+    assert fused.linear_config(896, 896, 9)["BN"] >= 16  # tensor-core tiles need 16 weight rows
+
+
+def test_fused_layers_say_why_they_do_not_apply():
+    from dfvg.gpu import fused
+
+    model = small_model(32, "cpu")
+    assert fused.supported(model) in ("Triton is not installed", "the model is not on a CUDA device")
