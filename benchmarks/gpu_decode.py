@@ -177,9 +177,7 @@ def sweep_configs(rows: int, quick: bool = False) -> list[dict]:
             return [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": w} for bn, bk, u, w in
                     ((2, 1024, 2, 4), (4, 512, 1, 4), (4, 512, 2, 4), (4, 512, 4, 4), (4, 1024, 2, 4),
                      (8, 512, 2, 4), (8, 1024, 1, 4), (4, 512, 2, 8), (8, 512, 2, 8), (4, 256, 4, 4))]
-        dot = [{"BN": bn, "BK": bk, "UNROLL": 1, "num_warps": 4} for bn in (16, 32) for bk in (128, 256)]
-        return dot + [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": 4, "DOT": False}
-                      for bn, bk, u in ((2, 256, 1), (2, 512, 1), (4, 256, 1), (4, 512, 1), (2, 512, 2))]
+        return [{"BN": bn, "BK": bk, "UNROLL": 1, "num_warps": 4} for bn in (16, 32) for bk in (128, 256)]
     if rows == 1:
         grid = [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": 4} for bn in (2, 4, 8) for bk in (512, 1024)
                 for u in (1, 2, 4)]
@@ -191,8 +189,7 @@ def sweep_configs(rows: int, quick: bool = False) -> list[dict]:
 def label_of(config: dict | None) -> str:
     if config is None:
         return "fused default"
-    dot = "" if config.get("DOT", True) else " nodot"
-    return f"fused BN{config['BN']} BK{config['BK']} U{config['UNROLL']} w{config['num_warps']}{dot}"
+    return f"fused BN{config['BN']} BK{config['BK']} U{config['UNROLL']} w{config['num_warps']}"
 
 
 def gemv_bench(cfg: ModelConfig, rows: int, sweep: bool, quick: bool = False) -> list[dict]:
@@ -252,9 +249,9 @@ def qkv_bench(cfg: ModelConfig, rows: int) -> list[dict]:
     configs = [None] + ([{"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4}, {"BN": 4, "BK": 512, "UNROLL": 2,
                                                                             "num_warps": 4}] if rows == 1 else
                         [{"BN": 16, "BK": 128, "UNROLL": 1, "num_warps": 4},
-                         {"BN": 2, "BK": 512, "UNROLL": 1, "num_warps": 4, "DOT": False},
-                         {"BN": 2, "BK": 256, "UNROLL": 2, "num_warps": 4, "DOT": False},
-                         {"BN": 4, "BK": 256, "UNROLL": 1, "num_warps": 4, "DOT": False}])
+                         {"BN": 16, "BK": 256, "UNROLL": 2, "num_warps": 4},
+                         {"BN": 32, "BK": 128, "UNROLL": 1, "num_warps": 4},
+                         {"BN": 16, "BK": 512, "UNROLL": 1, "num_warps": 8}])
     out = []
     for config in configs:
         fn = rotating(lambda w, config=config: fused.qkv_rope(x, g, w, bias, pos, cos, sin, kc, vc, dims, config),

@@ -41,13 +41,6 @@ if HAVE_TRITON:
     from dfvg.gpu.decode_attention import _dot
 
     @triton.jit
-    def _product(a, w, USE_DOT: tl.constexpr, F32: tl.constexpr):
-        """a [BT, BK] x w [BN, BK] -> [BT, BN] float32: tensor-core dot, or multiply-and-sum for T = 1."""
-        if USE_DOT:
-            return _dot(a, tl.trans(w), F32)
-        return tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-
-    @triton.jit
     def _rstd(x_ptr, x_stride, rows, K, eps, BT: tl.constexpr, BK: tl.constexpr):
         """1 / RMS of each of the first `rows` rows of x [rows, K] (float32) -> [BT]."""
         t = tl.arange(0, BT)
@@ -96,7 +89,7 @@ if HAVE_TRITON:
                 acc0 += _dot(a, tl.trans(_w_tile(w_ptr, row0, n_rows, K, k0, BN, BK)), F32)
                 if PAIR:
                     acc1 += _dot(a, tl.trans(_w_tile(w_ptr, row1, n_rows, K, k0, BN, BK)), F32)
-        elif BT == 1:
+        else:
             part0 = tl.zeros((BN, BK), tl.float32)
             part1 = tl.zeros((BN, BK), tl.float32)
             for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
@@ -106,16 +99,6 @@ if HAVE_TRITON:
                     part1 += _w_tile(w_ptr, row1, n_rows, K, k0, BN, BK).to(tl.float32) * a
             acc0 = tl.sum(part0, axis=1)[None, :]
             acc1 = tl.sum(part1, axis=1)[None, :]
-        else:  # a few rows without tensor cores: [BT, BN, BK] partial products, so BN can stay small
-            part0 = tl.zeros((BT, BN, BK), tl.float32)
-            part1 = tl.zeros((BT, BN, BK), tl.float32)
-            for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
-                a = _a_tile(x_ptr, x_stride, g_ptr, rstd, rows, K, k0, NORM, BT, BK).to(tl.float32)[:, None, :]
-                part0 += _w_tile(w_ptr, row0, n_rows, K, k0, BN, BK).to(tl.float32)[None, :, :] * a
-                if PAIR:
-                    part1 += _w_tile(w_ptr, row1, n_rows, K, k0, BN, BK).to(tl.float32)[None, :, :] * a
-            acc0 = tl.sum(part0, axis=2)
-            acc1 = tl.sum(part1, axis=2)
         return acc0, acc1
 
     @triton.jit
@@ -195,14 +178,12 @@ if HAVE_TRITON:
             tl.store(vc_ptr + v_at + HALF, y_hi.to(tl.bfloat16), mask=mask)
 
 
-def _tiles(rows: int, cfg: dict) -> tuple[bool, int]:
-    """(use tensor-core dot, padded tile height): T = 1 multiply-and-sum; T > 1 `tl.dot` on 16-row tiles,
-    or (config DOT False) multiply-and-sum over rows padded to a power of two."""
-    if rows == 1:
-        return False, 1
-    if not cfg.get("DOT", True):
-        return False, triton.next_power_of_2(rows)
-    return True, MAX_ROWS
+def _tiles(rows: int) -> tuple[bool, int]:
+    """(use tensor-core dot, padded tile height): T = 1 multiply-and-sum; T > 1 `tl.dot` on 16-row tiles.
+
+    (Multiply-and-sum over [T, BN, BK] partials for T > 1 was measured 1.5-16x slower on the H200: the
+    partials spill out of registers; benchmarks/RESULTS.md.)"""
+    return (False, 1) if rows == 1 else (True, MAX_ROWS)
 
 
 def rows_bucket(rows: int) -> int:
@@ -223,8 +204,7 @@ TUNED: dict[tuple[int, int, int], dict] = {
 
 def linear_config(n: int, k: int, rows: int) -> dict:
     """Block sizes of a GEMV-shaped launch: the tuned entry for this shape, else a default that suits
-    the H200 sweep's shapes. BN weight rows per program, BK columns per tile, UNROLL tiles in flight,
-    DOT False: no tensor cores for T > 1."""
+    the H200 sweep's shapes. BN weight rows per program, BK columns per tile, UNROLL tiles in flight."""
     tuned = TUNED.get((n, k, rows_bucket(rows)))
     if tuned is not None:
         return tuned
@@ -244,7 +224,7 @@ def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias:
     rows, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     cfg = {**linear_config(n, k, rows), **(config or {})}
-    use_dot, bt = _tiles(rows, cfg)
+    use_dot, bt = _tiles(rows)
     out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
     dummy = weight
     _linear_kernel[(triton.cdiv(n, cfg["BN"]),)](
@@ -262,7 +242,7 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
     heads, kv_heads, hd, _, eps = dims
     rows, k = x.shape
     cfg = {**linear_config(weight.shape[0], k, rows), **(config or {})}
-    use_dot, bt = _tiles(rows, cfg)
+    use_dot, bt = _tiles(rows)
     block_n = min(cfg["BN"], hd // 2)
     q = torch.empty(rows, heads * hd, dtype=x.dtype, device=x.device)
     grid = ((heads + 2 * kv_heads) * (hd // 2 // block_n),)
