@@ -1,20 +1,22 @@
-"""Fused Triton kernels for a decoder layer at up to 16 new tokens: five launches per layer.
+"""Fused Triton kernels for a decoder layer at up to 16 new tokens: 5-6 launches per layer.
 
 Why: at batch 1 a 1.5B decode step reads 3 GB of weights (0.72 ms at 4.3 TB/s), but the compiled block
-of `dfvg.gpu.graphs` replays ~17 kernels per layer, and inside a CUDA graph each still costs a few
-microseconds of launch and tail: 28 layers of that are most of a 2.4 ms step. Here a layer is
+of `dfvg.gpu.graphs` replays ~20 kernels per layer (578 per step), and inside a CUDA graph each still
+costs microseconds of launch and tail; its float32 attention matmuls over the whole cache were the
+largest single item (benchmarks/RESULTS.md, H200 kernel tables). Here a layer is
 
-1. `qkv`:  RMSNorm -> x Wqkv^T + b -> RoPE on q and k -> q into a buffer, k and v into the cache at pos
-2. `attn`: attention of each query row over the cache slots <= its position (causal, GQA)
-3. `o`:    x + attn Wo^T (+ b)
-4. `ffn1`: RMSNorm -> silu(x Wg^T) * (x Wu^T)
-5. `ffn2`: x + h W2^T
+1. `qkv_rope`:     RMSNorm -> x Wqkv^T + b -> RoPE on q and k -> q to a buffer, k and v into the cache at pos
+2. `attention`:    per (kv head, 64-slot split) partial softmax, then the merge (`dfvg.gpu.decode_attention`)
+3. `fused_linear`: x + attn Wo^T (+ b)
+4. `fused_linear`: RMSNorm -> silu(x Wg^T) * (x Wu^T)
+5. `fused_linear`: x + h W2^T (cuBLAS + add for T > 1, where it measured faster)
 
-and the LM head is one more launch (RMSNorm -> x Wout^T, float32 logits). Every kernel is a GEMV-shaped
-stream over its weight matrix with the small prologue/epilogue work fused in, so weights are read once
-and activations never make an extra round trip. Rows (T) are the new tokens: 1 for plain decode, k + 1
-for a verify step, 2 for the draft's catch-up. With T = 1 the products are plain multiply-and-sum (no
-tensor-core padding); with T > 1 they are `tl.dot` on rows padded to 16.
+and the LM head stays cuBLAS (`Transformer.logits`: 115 us against the fused kernel's 136 us for 152k
+rows). Each fused kernel is a GEMV-shaped stream over its weight matrix with the small prologue/epilogue
+work folded in, so weights are read once and activations make no extra round trip. Rows (T) are the new
+tokens: 1 for plain decode, k + 1 for a verify step, 2 for the draft's catch-up, 16 for a prefill chunk.
+With T = 1 the products are multiply-and-sum reduced once after the loop; with T > 1 they are `tl.dot`
+on rows padded to 16.
 
 Positions come from a device tensor, so a captured graph replays at any position without a host sync.
 Arithmetic follows `dfvg.model` (float32 accumulation and softmax, bf16 rounding where the reference
