@@ -1,4 +1,5 @@
-"""Check DFVG's Triton kernels against their PyTorch references on this machine's GPU (`make -C gpu all`).
+"""Check DFVG's Triton kernels against their PyTorch references on this machine's GPU (`make -C gpu all`):
+greedy acceptance, tree-mask verify attention, the fused decoder layers' attention and GEMV kernels.
 
 Fresh random inputs per case (never zeros), outputs poisoned first, relative error against a float32/64
 reference; exits non-zero on any failure, and with one line when there is no GPU. Prints one line per case
@@ -53,6 +54,53 @@ def check_verify_attention(kernels, failures: list[str]) -> None:
                 failures.append(f"verify_attention {heads}/{kv}/{hd}/{start}/{rows} {name}: rel {rel:.2e}")
 
 
+def _report(name: str, rel: float, failures: list[str], limit: float = 1.5e-2) -> None:
+    ok = rel < limit
+    print(f"{name}: rel {rel:.2e} {'ok' if ok else 'FAIL'}")
+    if not ok:
+        failures.append(f"{name}: rel {rel:.2e}")
+
+
+def check_decode_attention(kernels, failures: list[str]) -> None:
+    """dfvg.gpu.decode_attention (split + merge, positions on the device) vs the chain-mask reference."""
+    from dfvg.gpu.decode_attention import attention
+
+    for heads, kv, hd, start, rows in [(12, 2, 128, 400, 1), (12, 2, 128, 2100, 9), (14, 2, 64, 0, 5),
+                                       (8, 8, 64, 63, 16)]:
+        q = torch.randn(rows, heads, hd, device="cuda", dtype=torch.bfloat16)
+        kc = torch.randn(start + rows + 40, kv, hd, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        pos = torch.arange(start, start + rows, device="cuda")
+        want = kernels.verify_attention_reference(q.double(), kc.double(), vc.double(), start,
+                                                  kernels.chain_tree_mask(rows, "cuda"))
+        got = attention(q.reshape(rows, heads * hd), kc, vc, pos, (heads, kv, hd, 0, 0.0)).view(rows, heads, hd)
+        _report(f"decode_attention H={heads} KV={kv} hd={hd} start={start} T={rows}",
+                ((got.double() - want).norm() / want.norm()).item(), failures)
+
+
+def check_fused_linear(failures: list[str]) -> None:
+    """dfvg.gpu.fused.fused_linear in each prologue/epilogue combination vs float64 torch."""
+    from dfvg.gpu.fused import fused_linear
+
+    f = torch.nn.functional
+    for rows, n, k in [(1, 1536, 8960), (1, 8960, 1536), (5, 1536, 1536), (16, 896, 896)]:
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(2 * n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        g, b = torch.rand(k, device="cuda").to(torch.bfloat16) + 0.5, torch.randn(n, device="cuda").to(torch.bfloat16)
+        res = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+        xd = x.double()
+        normed = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6)) * g.double()
+        gate, up = (normed @ w.double().T).split(n, -1)
+        cases = {"residual+bias": (fused_linear(x, w[:n], bias=b, residual=res),
+                                   res.double() + xd @ w[:n].double().T + b.double()),
+                 "norm+swiglu": (fused_linear(x, w, norm=g, swiglu=True), f.silu(gate) * up),
+                 "norm, float32 out": (fused_linear(x, w[:n], norm=g, out_dtype=torch.float32),
+                                       normed @ w[:n].double().T)}
+        for name, (got, want) in cases.items():
+            _report(f"fused_linear T={rows} N={n} K={k} {name}",
+                    ((got.double() - want).norm() / want.norm()).item(), failures)
+
+
 def timings(kernels) -> None:
     import triton.testing
 
@@ -82,6 +130,8 @@ def main() -> int:
     failures: list[str] = []
     check_greedy_accept(kernels, failures)
     check_verify_attention(kernels, failures)
+    check_decode_attention(kernels, failures)
+    check_fused_linear(failures)
     torch.cuda.synchronize()
     timings(kernels)
     print(f"{len(failures)} failure(s)" + "".join(f"\n  {f}" for f in failures))

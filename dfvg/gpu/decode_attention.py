@@ -18,7 +18,8 @@ from torch import Tensor
 from dfvg.gpu.kernels import HAVE_TRITON
 
 # Triton's CPU interpreter (TRITON_INTERPRET=1, how CPU tests run these kernels) gets bf16 arithmetic
-# wrong, so under it every dot takes float32 operands; on a GPU `tl.dot` takes the bf16 tiles.
+# wrong, so under it every dot takes float32 operands; on a GPU `tl.dot` takes the bf16 tiles. (It also
+# rounds float32 -> bf16 toward zero, not to nearest: errors measured under it are ~2x a GPU's.)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 if HAVE_TRITON:
