@@ -166,3 +166,23 @@ def test_integrate_power_trapezoid():
     samples = [GpuSample(t, 0, 0, 0, 0, 0, p) for t, p in ((0.0, 100.0), (1.0, 200.0), (3.0, 200.0))]
     assert integrate_power(samples) == pytest.approx(150.0 + 400.0)
     assert integrate_power(samples[:1]) is None
+
+
+@pytest.mark.gpu
+def test_nvml_energy_counter_and_samples_on_a_real_gpu():
+    """On the GPU machine: the board's energy counter moves under load and the sampler sees the GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("pynvml")
+    from dfvg.energy import EnergyMeter
+
+    a = torch.randn(4096, 4096, device="cuda")
+    with EnergyMeter(sample_interval_s=0.05) as meter:
+        for _ in range(400):
+            a = torch.tanh(a @ a)
+        torch.cuda.synchronize()
+    gpu = [m for m in meter.measurements() if m.component.startswith("gpu")]
+    assert gpu and gpu[0].provenance == "measured" and gpu[0].energy_j and gpu[0].energy_j > 0
+    assert meter.gpu_samples and max(s.power_w for s in meter.gpu_samples) > 0
