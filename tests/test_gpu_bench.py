@@ -38,3 +38,27 @@ def test_report_ratios_and_goals(tmp_path):
     assert goals["spec_over_hf_assist_best"] == pytest.approx(20.0) and goals["goal_spec_1.5x_hf_assist_met"]
     assert goals["goal_plain_25x_hf_met"] is False  # 400 / 20 = 20x
     assert (tmp_path / "gpu_speed.json").is_file()
+
+
+def test_tiny_benchmark_applies_the_sweeps_block_sizes_and_runs_every_kernel_choice(tmp_path):
+    """gpu_speed.py end to end on the tiny CPU pair: --tuned lands in fused.TUNED and in every phase file;
+    the dfvg phase has a row per kernel choice and the FPGA phase its sync and overlap rows."""
+    from benchmarks.gpu_speed import main
+    from dfvg.gpu import fused
+
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps([[123, 456, 8, {"BN": 16, "BK": 128, "UNROLL": 1, "num_warps": 4}]]))
+    before = dict(fused.TUNED)
+    try:
+        main(["--tiny", "--device", "cpu", "--tuned", str(tuned), "--phases", "dfvg,fpga", "--ks", "2",
+              "--fpga-ks", "2", "--max-new-tokens", "6", "--prompts", "2", "--results", str(tmp_path / "res"),
+              "--work-dir", str(tmp_path / "w")])
+        assert fused.TUNED[(123, 456, 8)]["BN"] == 16
+    finally:
+        fused.TUNED.clear()
+        fused.TUNED.update(before)
+    dfvg = json.loads((tmp_path / "res" / "dfvg.json").read_text())
+    assert {"dfvg_plain", "dfvg_spec_k2", "dfvg_compiled_plain", "dfvg_eager_plain"} <= set(dfvg)
+    assert [123, 456, 8, {"BN": 16, "BK": 128, "UNROLL": 1, "num_warps": 4}] in dfvg["fused_tuned"]
+    fpga = json.loads((tmp_path / "res" / "fpga.json").read_text())
+    assert fpga["fpga_sync_k2"]["new_tokens"] == 12 and fpga["fpga_overlap_k2"]["tokens"]
