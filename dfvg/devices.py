@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -32,3 +34,17 @@ def synchronize(device: torch.device) -> None:
 def timed_now(device: torch.device) -> float:
     synchronize(device)
     return time.perf_counter()
+
+
+@contextmanager
+def tf32_matmuls(enabled: bool) -> Iterator[None]:
+    """Set TF32 for float32 CUDA matmuls inside the block, then restore the caller's setting.
+
+    The flag is process-wide: a part that wants TF32 (training speed) or must not have it (exact float32
+    arithmetic) scopes it here, so no other part inherits the choice silently."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous

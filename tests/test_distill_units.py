@@ -102,16 +102,16 @@ def test_training_restores_the_callers_tf32_setting():
     """train() turns TF32 on for its own matmuls only: float32 decoding after it must stay exact."""
     import torch
 
-    from dfvg.distill.train import tf32_matmuls
+    from dfvg.devices import tf32_matmuls
 
     before = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
-        with tf32_matmuls():
+        with tf32_matmuls(True):
             assert torch.backends.cuda.matmul.allow_tf32
         assert torch.backends.cuda.matmul.allow_tf32 is False
         try:
-            with tf32_matmuls():
+            with tf32_matmuls(True):
                 raise RuntimeError("a failing step")
         except RuntimeError:
             pass

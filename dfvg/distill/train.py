@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from dfvg.devices import tf32_matmuls
 from dfvg.distill.teacher import TeacherSequence
 from dfvg.errors import UserError
 from dfvg.model import ModelConfig, Transformer
@@ -153,22 +153,10 @@ def train(model: Transformer, data: list[TeacherSequence], params: TrainParams, 
     other = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": params.weight_decay},
                                    {"params": other, "weight_decay": 0.0}], lr=params.lr, betas=(0.9, 0.95))
-    with tf32_matmuls():
+    with tf32_matmuls(True):  # speed; scoped, so float32 decoding after training stays exact
         losses = _steps(model, data, params, in_head, device, optimizer, generator, log, log_every)
     model.eval().requires_grad_(False)
     return losses
-
-
-@contextmanager
-def tf32_matmuls():
-    """TF32 float32 matmuls while training (speed), then the caller's setting again: a process that
-    evaluates or decodes in float32 after training must not inherit TF32 rounding silently."""
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def _steps(model: Transformer, data: list[TeacherSequence], params: TrainParams, in_head: Tensor,

@@ -18,11 +18,10 @@ norm's 16-bit input port (RMSNorm is scale-invariant; only its eps term moves, b
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 from torch import Tensor
 
+from dfvg.devices import tf32_matmuls
 from dfvg.fpga import fixed_point as fp
 from dfvg.model import ModelConfig, rope_table
 
@@ -51,18 +50,6 @@ def rmsnorm_wide(x: Tensor, gamma: Tensor, params: tuple[int, int, int]) -> Tens
     x16 = fp.rounding_shift(x, row_shift)
     eps = fp.rounding_shift(torch.full_like(row_shift, eps0), 2 * row_shift)
     return fp.rmsnorm(x16, gamma, multiplier, shift, eps)
-
-
-@contextmanager
-def exact_float32_matmul():
-    """Keep TF32 off while the datapath runs: the exact fp32 chunk matmuls of `int_matmul` need full fp32
-    mantissas, and another part of the process (e.g. distillation) may have switched TF32 on."""
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 class IntegerDraftModel:
@@ -169,7 +156,7 @@ class IntegerDraftModel:
         """Feed ids [T] (long, on this device) at positions start_pos..; -> int32-range logits [V] of the last."""
         if start_pos + ids.shape[0] > self.max_seq_len:
             raise ValueError(f"positions up to {start_pos + ids.shape[0] - 1} exceed the cache; call setup_cache")
-        with exact_float32_matmul():
+        with tf32_matmuls(False):  # the exact fp32 chunk matmuls of `int_matmul` need full mantissas
             return self._forward(ids, start_pos)
 
     def _forward(self, ids: Tensor, start_pos: int) -> Tensor:
