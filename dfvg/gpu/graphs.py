@@ -137,6 +137,15 @@ class GraphModel:
             x = x[:, -1:]
         return m.logits(x)[0]
 
+    @torch.inference_mode()
+    def prefill(self, tokens: list[int]) -> None:
+        """Feed a prompt from position 0: `graph_prefill` chunks with fused layers, else one eager feed
+        (a T = 16 compiled-block graph would not pay for its compilation)."""
+        if self.fused:
+            graph_prefill(self, tokens)
+        else:
+            self.model.feed(tokens, 0, last_only=True)
+
     def _fused_forward(self, ids: Tensor, pos: Tensor, last_only: bool) -> Tensor:
         m = self.model
         x = m.embed(ids)[0]  # [T, D]
@@ -248,14 +257,10 @@ class GraphVerifier:
         self.min_cache_len = cache_len
 
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
-        """Cache of at least `cache_len` slots (graphs survive across prompts); prompt[:-1] eagerly."""
+        """Cache of at least `cache_len` slots (graphs survive across prompts); then prompt[:-1]."""
         self.gm.ensure_cache(max(max_seq_len, self.min_cache_len))
         if len(prompt_ids) > 1:
-            with torch.inference_mode():
-                if self.gm.fused:
-                    graph_prefill(self.gm, prompt_ids[:-1])
-                else:
-                    self.model.feed(prompt_ids[:-1], 0, last_only=True)
+            self.gm.prefill(prompt_ids[:-1])
 
     @torch.inference_mode()
     def score(self, tokens: list[int], start_pos: int) -> Tensor:
@@ -282,13 +287,10 @@ class GraphDrafter:
 
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
         self.gm.ensure_cache(max(max_seq_len, self.min_cache_len))
-        if self.gm.fused and len(prompt_ids) > 1:
-            with torch.inference_mode():
-                graph_prefill(self.gm, prompt_ids[:-1])
+        self.cached_len = 0
+        if len(prompt_ids) > 1:
+            self.gm.prefill(prompt_ids[:-1])
             self.cached_len = len(prompt_ids) - 1
-            return
-        self.eager.prefill(prompt_ids, max_seq_len)  # fits: the cache is already larger
-        self.cached_len = self.eager.cached_len
 
     def rollback(self, num_valid: int) -> None:
         self.cached_len = min(self.cached_len, num_valid)
