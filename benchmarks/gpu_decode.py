@@ -8,7 +8,7 @@ minutes to carry to the GPU machine; decode *speed* depends only on the shapes. 
 exact shapes of the Qwen2.5-Coder 1.5B target and 0.5B draft with random bf16 weights (timing only; the
 token-level results stay in gpu_speed.py). What it measures (CUDA events around graph replays, medians):
 
-1. correctness of the fused layers against the compiled-block forward (logits, next-token agreement,
+1. correctness of the fused layers against the eager-kernel forward (logits, next-token agreement,
    K/V written into the cache) at T = 1, 5, 9;
 2. one target/draft graph replay per T for graphs over eager kernels, compiled blocks and fused layers;
 3. each weight-streaming GEMV shape alone: cuBLAS (F.linear) vs the fused kernel, microseconds and the
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -30,8 +29,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
 from dfvg.gpu import fused  # noqa: E402
-from dfvg.gpu.graphs import GraphModel, graph_prefill, token_graph  # noqa: E402
+from dfvg.gpu.graphs import GraphModel, capture_graph, graph_prefill, token_graph  # noqa: E402
 from dfvg.model import ModelConfig, Transformer  # noqa: E402
 
 SHAPES = {  # config.json facts of the pinned pair (models/*/config.json after scripts/download_models.py)
@@ -58,31 +58,9 @@ def random_model(cfg: ModelConfig) -> Transformer:
     return model
 
 
-def median_ms(fn, reps: int = 50) -> float:
-    times = []
-    for _ in range(reps):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
-    return statistics.median(times)
-
-
 def graph_of(body, repeat: int = 1) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.inference_mode():
-        for _ in range(2):
-            body()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.inference_mode():
-        for _ in range(repeat):
-            body()
-    torch.cuda.synchronize()
-    return graph
+    """One CUDA graph of `repeat` back-to-back calls of body (warmed up first)."""
+    return capture_graph(lambda: [body() for _ in range(repeat)], torch.device("cuda"))[0]
 
 
 def apply_best(results: list[dict]) -> dict:
@@ -92,8 +70,7 @@ def apply_best(results: list[dict]) -> dict:
         key = (r["shape"], r["T"])
         if "us" in r and r.get("config") and (key not in best or r["us"] < best[key]["us"]):
             best[key] = r
-    for r in best.values():
-        fused.TUNED[(r["n"], r["k"], fused.rows_bucket(r["T"]))] = r["config"]
+    fused.apply_tuned([[r["n"], r["k"], fused.rows_bucket(r["T"]), r["config"]] for r in best.values()])
     return {f"{shape} T={t}": {"config": r["config"], "us": r["us"]} for (shape, t), r in best.items()}
 
 
@@ -147,7 +124,7 @@ def replay_times(model: Transformer, gms: dict[str, GraphModel], ts=(1, 5, 9)) -
         fused.CUBLAS_DOWN_PROJECTION = not name.endswith("fused")
         for t in ts:
             runner = token_graph(gm, [0] * t, start, last_only=False)
-            out[f"{name}_T{t}_ms"] = median_ms(runner.graph.replay)
+            out[f"{name}_T{t}_ms"] = cuda_median_ms(runner.graph.replay)
         print(f"  {name}: " + ", ".join(f"T={t} {out[f'{name}_T{t}_ms']:.3f} ms" for t in ts), flush=True)
     fused.CUBLAS_DOWN_PROJECTION = True
     return out
@@ -220,7 +197,7 @@ def gemv_bench(cfg: ModelConfig, rows: int, sweep: bool, quick: bool = False) ->
                 results.append(row)
             try:
                 graph = graph_of(fn, 28)
-                us = median_ms(graph.replay, 20) * 1000 / 28
+                us = cuda_median_ms(graph.replay, 20) * 1000 / 28
             except Exception as exc:  # a config Triton cannot compile is a sweep result, not a crash
                 row["error"] = str(exc)[:200]
                 continue
@@ -257,7 +234,7 @@ def qkv_bench(cfg: ModelConfig, rows: int) -> list[dict]:
         fn = rotating(lambda w, config=config: fused.qkv_rope(x, g, w, bias, pos, cos, sin, kc, vc, dims, config),
                       weights)
         try:
-            us = median_ms(graph_of(fn, 28).replay, 20) * 1000 / 28
+            us = cuda_median_ms(graph_of(fn, 28).replay, 20) * 1000 / 28
         except Exception as exc:
             out.append({"T": rows, "variant": label_of(config), "error": str(exc)[:200]})
             continue
@@ -274,8 +251,8 @@ def prefill_times(cfg: ModelConfig, length: int = 150) -> dict:
     ids = torch.randint(0, cfg.vocab_size, (length,)).tolist()
     with torch.inference_mode():
         graph_prefill(gm, ids)  # capture
-        eager = median_ms(lambda: model.feed(ids, 0, last_only=True), 5)
-        chunked = median_ms(lambda: graph_prefill(gm, ids), 5)
+        eager = cuda_median_ms(lambda: model.feed(ids, 0, last_only=True), 5)
+        chunked = cuda_median_ms(lambda: graph_prefill(gm, ids), 5)
     print(f"  prefill {length} tokens: eager {eager:.1f} ms, fused 16-token graph chunks {chunked:.1f} ms", flush=True)
     return {"tokens": length, "eager_ms": eager, "graph_chunks_ms": chunked}
 
@@ -341,8 +318,7 @@ def main(argv=None) -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "gpu_decode.json").write_text(json.dumps(result, indent=1))
     if args.sweep:  # gpu_speed.py --tuned applies the same block sizes to the real-model run
-        tuned = [[n, k, bucket, config] for (n, k, bucket), config in fused.TUNED.items()]
-        (Path(args.out) / "tuned.json").write_text(json.dumps(tuned))
+        (Path(args.out) / "tuned.json").write_text(json.dumps(fused.tuned_rows()))
     print(f"wrote {Path(args.out) / 'gpu_decode.json'}")
 
 

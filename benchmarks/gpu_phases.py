@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_speed import save, sync, timed_runs
+from benchmarks.gpu_speed import KERNELS, cuda_median_ms, save, sync, timed_runs
 from dfvg.drafter import TorchDrafter
 from dfvg.generate import generate
 from dfvg.gpu.fast import FastGreedy
@@ -28,9 +28,6 @@ def ks(args) -> list[int]:
 def cache_len(models, args) -> int:
     longest = max(len(p["ids"]) for p in models["prompts"])
     return longest + args.max_new_tokens + max(ks(args)) + 16
-
-
-KERNELS = ("fused", "compiled", "eager")  # graphs over: fused Triton layers, compiled blocks, eager kernels
 
 
 def graph_pair(args, models, kernels: str = "fused", draft: str = "draft") -> tuple[GraphVerifier, GraphDrafter | None]:
@@ -95,15 +92,7 @@ def phase_check(args, models) -> dict:
 def step_times(verifier: GraphVerifier, drafter: GraphDrafter, k_values: list[int], reps: int = 50) -> dict:
     """Median CUDA-event time of one graph replay: target T=1, target T=k+1, draft k-step block."""
     def timed(graph) -> float:
-        times = []
-        for _ in range(reps):
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end))
-        return sorted(times)[len(times) // 2]
+        return cuda_median_ms(graph.replay, reps)
 
     start = verifier.gm.scratch_pos - 40
     out = {"target_T1_ms": timed(token_graph(verifier.gm, [0], start, False).graph)}

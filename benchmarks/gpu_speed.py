@@ -31,10 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_report import report  # noqa: E402
 from dfvg.checkpoint import config_from_dict, convert_state_dict  # noqa: E402
+from dfvg.gpu.fused import tuned_rows  # noqa: E402
 from dfvg.model import Transformer  # noqa: E402
 
 TARGET_GGUF, DRAFT_GGUF = "qwen2.5-coder-1.5b-instruct.gguf", "qwen2.5-coder-0.5b-instruct.gguf"
 SHIPPED_DRAFT = ROOT / "drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768"
+KERNELS = ("fused", "compiled", "eager")  # what DFVG's graphs replay: fused Triton layers, compiled blocks, eager
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="also copy the JSON files here (the device's $OUT)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="random tiny Qwen2 pair (smoke test of this script)")
-    p.add_argument("--kernels", default="fused", choices=("fused", "compiled", "eager"),
+    p.add_argument("--kernels", default="fused", choices=KERNELS,
                    help="what DFVG's graphs replay: fused Triton layers, compiled blocks, or eager kernels")
     p.add_argument("--distilled-draft", default=str(SHIPPED_DRAFT),
                    help="FPGA-sized distilled draft: extra GPU-draft rows, and the FPGA phase's draft ('' = none)")
@@ -198,10 +200,17 @@ def timed_runs(name: str, prompts: list[dict], run_one, device: str, warm: bool 
             "provenance": "measured"}
 
 
-def _tuned_table() -> list:
-    from dfvg.gpu import fused
-
-    return [[n, k, bucket, config] for (n, k, bucket), config in fused.TUNED.items()]
+def cuda_median_ms(fn, reps: int = 50) -> float:
+    """Median CUDA-event time of fn() (a graph replay, say), each call timed on its own."""
+    times = []
+    for _ in range(reps):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+    return statistics.median(times)
 
 
 def save(args, phase: str, payload: dict) -> None:
@@ -224,8 +233,7 @@ def main(argv=None) -> int:
     if args.tuned:
         from dfvg.gpu import fused
 
-        for n, k, bucket, config in json.loads(Path(args.tuned).read_text()):
-            fused.TUNED[(n, k, bucket)] = config
+        fused.apply_tuned(json.loads(Path(args.tuned).read_text()))
         print(f"fused block sizes from {args.tuned}: {len(fused.TUNED)} shapes", flush=True)
     phases = args.phases.split(",")
     models = None
@@ -244,7 +252,7 @@ def main(argv=None) -> int:
             traceback.print_exc()
             payload = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         payload.update(env=env_info(args.device), phase_s=time.perf_counter() - start,
-                       command=" ".join(sys.argv), fused_tuned=_tuned_table())
+                       command=" ".join(sys.argv), fused_tuned=tuned_rows())
         if models is not None:
             payload["weight_bytes"] = {name: weight_bytes(models[name]) for name in ("target", "draft", "distilled")
                                        if models.get(name) is not None}

@@ -204,6 +204,17 @@ TUNED: dict[tuple[int, int, int], dict] = {
 }
 
 
+def tuned_rows() -> list[list]:
+    """`TUNED` as JSON-able rows [N, K, rows_bucket, config] (gpu_decode.py --sweep writes them)."""
+    return [[n, k, bucket, config] for (n, k, bucket), config in TUNED.items()]
+
+
+def apply_tuned(rows: list[list]) -> None:
+    """Put rows of `tuned_rows` (e.g. a sweep made on this machine) into `TUNED`."""
+    for n, k, bucket, config in rows:
+        TUNED[(n, k, bucket)] = config
+
+
 def linear_config(n: int, k: int, rows: int) -> dict:
     """Block sizes of a GEMV-shaped launch: the tuned entry for this shape, else a default that suits
     the H200 sweep's shapes. BN weight rows per program, BK columns per tile, UNROLL tiles in flight."""

@@ -167,20 +167,28 @@ class GraphModel:
             graph = EagerReplay(body)
             self.graphs[key] = (graph, None)
             return graph, None
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(warmup):
-                if before is not None:
-                    before()
-                body()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), torch.inference_mode():
-            out = body()
-        torch.cuda.synchronize(self.device)
+        graph, out = capture_graph(body, self.device, warmup, before)
         self.graphs[key] = (graph, out)
         return graph, out
+
+
+def capture_graph(body: Callable[[], Tensor], device: torch.device, warmup: int = 2,
+                  before: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+    """Warm up body() on a side stream (Triton/Inductor compile there, outside capture), then capture one
+    call of it into a CUDA graph; returns the graph and body's output buffers."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream), torch.inference_mode():
+        for _ in range(warmup):
+            if before is not None:
+                before()
+            body()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.inference_mode():
+        out = body()
+    torch.cuda.synchronize(device)
+    return graph, out
 
 
 class EagerReplay:
