@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gpu_speed import draft_lengths  # noqa: E402
 from dfvg.checkpoint import load_config, load_model, read_json, resolve_dtype  # noqa: E402
 from dfvg.distill import data, evaluate, sizing  # noqa: E402
 from dfvg.drafter import TorchDrafter, make_drafter  # noqa: E402
@@ -50,10 +51,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--distilled", nargs="+", required=True, help="draft folders written by distill_draft.py")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="", help="target/baseline dtype (default bfloat16 on cuda, float32 on cpu)")
-    p.add_argument("--ks", default="2,4,6,8")
+    p.add_argument("--ks", default="2,4,6,8", type=draft_lengths)
     p.add_argument("--e2e-prompts", type=int, default=8)
     p.add_argument("--e2e-tokens", type=int, default=128)
-    p.add_argument("--e2e-k", default="4")
+    p.add_argument("--e2e-k", default="4", type=draft_lengths)
     p.add_argument("--fpga-bits", default="8,4", help="FPGA datapath widths for the first distilled draft; '' = none")
     p.add_argument("--output", default=str(ROOT / "results/distill/eval.json"))
     return p.parse_args()
@@ -124,8 +125,7 @@ def end_to_end(args, verifier, drafts: dict[str, Path], seqs: list, device, dtyp
             out[name] = {"unsupported": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
             print(f"e2e {name}: {out[name]}", flush=True)
             continue
-        out[name] = [e2e_row(verifier, drafter, prompts, plain, int(k), args.e2e_tokens, eos)
-                     for k in args.e2e_k.split(",")]
+        out[name] = [e2e_row(verifier, drafter, prompts, plain, k, args.e2e_tokens, eos) for k in args.e2e_k]
         print(f"e2e {name}: {json.dumps(out[name])}", flush=True)
     return out
 
@@ -231,7 +231,7 @@ def main() -> int:
     args = parse_args()
     device = torch.device(args.device)
     dtype = resolve_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    ks = [int(k) for k in args.ks.split(",")]
+    ks = args.ks
     baseline = {"0.5b": Path(args.baseline_draft)} if args.baseline_draft else {}
     drafts = baseline | {Path(d).name: Path(d) for d in args.distilled}
     seqs, keys = held_out_humaneval(Path(args.distilled[0]))

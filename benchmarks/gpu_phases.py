@@ -22,7 +22,7 @@ from dfvg.verifier import TorchVerifier
 
 
 def ks(args) -> list[int]:
-    return [int(k) for k in args.ks.split(",") if k]
+    return list(args.ks)
 
 
 def cache_len(models, args) -> int:
@@ -228,7 +228,7 @@ def phase_fpga(args, models) -> dict:
            "fpga_draft": str(args.distilled_draft or "0.5B work-dir copy")}
     from dfvg.host.pipeline import run_pipeline
 
-    for k in [int(k) for k in args.fpga_ks.split(",") if k]:
+    for k in args.fpga_ks:
         out[f"fpga_sync_k{k}"] = timed_runs(f"fpga-emulated sync k={k}", prompts,
                                             dfvg_runner(verifier, drafter, k, n, "loop"), dev)
         out[f"fpga_overlap_k{k}"] = timed_runs(

@@ -39,6 +39,18 @@ SHIPPED_DRAFT = ROOT / "drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768"
 KERNELS = ("fused", "compiled", "eager")  # what DFVG's graphs replay: fused Triton layers, compiled blocks, eager
 
 
+def draft_lengths(text: str) -> list[int]:
+    """'2,4,6,8' -> [2, 4, 6, 8]; anything else is refused in one line by argparse."""
+    try:
+        values = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of draft lengths, e.g. 2,4,6,8") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: draft lengths must be integers >= 1, e.g. 2,4,6,8")
+    return values
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--phases", default="check,dfvg,hf_eager,hf_assist,report")
@@ -47,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts-file", default=str(ROOT / ".chunks/prompts.json"))
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--ks", default="2,4,6,8")
+    p.add_argument("--ks", default="2,4,6,8", type=draft_lengths)
     p.add_argument("--results", default="/root/res")
     p.add_argument("--out", default=None, help="also copy the JSON files here (the device's $OUT)")
     p.add_argument("--device", default="cuda")
@@ -59,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tuned", default=None, help="tuned.json of benchmarks/gpu_decode.py --sweep: fused block sizes")
     p.add_argument("--skip-draft", action="store_true",
                    help="no 0.5B draft (its GGUF is not on the machine): target, distilled and FPGA rows only")
-    p.add_argument("--fpga-ks", default="4,8", help="draft lengths of the FPGA-emulated phase")
+    p.add_argument("--fpga-ks", default="4,8", type=draft_lengths, help="draft lengths of the FPGA-emulated phase")
     p.add_argument("--write-prompts", default=None)
     return p.parse_args(argv)
 
@@ -232,6 +244,11 @@ def main(argv=None) -> int:
 
     if args.tuned:
         from dfvg.gpu import fused
+
+        if not Path(args.tuned).is_file():
+            print(f"error: --tuned {args.tuned}: no such file (benchmarks/gpu_decode.py --sweep writes tuned.json)",
+                  file=sys.stderr)
+            return 2
 
         fused.apply_tuned(json.loads(Path(args.tuned).read_text()))
         print(f"fused block sizes from {args.tuned}: {len(fused.TUNED)} shapes", flush=True)
