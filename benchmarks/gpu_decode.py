@@ -153,7 +153,8 @@ def sweep_configs(rows: int, quick: bool = False) -> list[dict]:
         if rows == 1:
             return [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": w} for bn, bk, u, w in
                     ((2, 1024, 2, 4), (4, 512, 1, 4), (4, 512, 2, 4), (4, 512, 4, 4), (4, 1024, 2, 4),
-                     (8, 512, 2, 4), (8, 1024, 1, 4), (4, 512, 2, 8), (8, 512, 2, 8), (4, 256, 4, 4))]
+                     (8, 512, 2, 4), (8, 1024, 1, 4), (4, 512, 2, 8), (8, 512, 2, 8), (4, 256, 4, 4),
+                     (2, 512, 3, 4), (4, 512, 3, 4), (8, 512, 3, 8))]
         return [{"BN": bn, "BK": bk, "UNROLL": 1, "num_warps": 4} for bn in (16, 32) for bk in (128, 256)]
     if rows == 1:
         grid = [{"BN": bn, "BK": bk, "UNROLL": u, "num_warps": 4} for bn in (2, 4, 8) for bk in (512, 1024)

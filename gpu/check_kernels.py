@@ -81,7 +81,8 @@ def check_fused_linear(failures: list[str]) -> None:
 
     f = torch.nn.functional
     for rows, n, k in [(1, 1536, 8960), (1, 8960, 1536), (5, 1536, 1536), (16, 896, 896)]:
-        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        scale = torch.logspace(-1, 1, rows, device="cuda")[:, None] * 3  # rows of RMS 0.3..30: RMSNorm matters
+        x = (torch.randn(rows, k, device="cuda") * scale).to(torch.bfloat16)
         w = torch.randn(2 * n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
         g, b = torch.rand(k, device="cuda").to(torch.bfloat16) + 0.5, torch.randn(n, device="cuda").to(torch.bfloat16)
         res = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)

@@ -62,3 +62,21 @@ def test_tiny_benchmark_applies_the_sweeps_block_sizes_and_runs_every_kernel_cho
     assert [123, 456, 8, {"BN": 16, "BK": 128, "UNROLL": 1, "num_warps": 4}] in dfvg["fused_tuned"]
     fpga = json.loads((tmp_path / "res" / "fpga.json").read_text())
     assert fpga["fpga_sync_k2"]["new_tokens"] == 12 and fpga["fpga_overlap_k2"]["tokens"]
+    for mode in ("sync", "overlap"):  # each prompt's schedule replayed with modeled board blocks
+        stats = fpga[f"fpga_{mode}_k2"]["stats"]
+        assert all(s["mode"] == mode and s["projected_provenance"] == "modeled" for s in stats)
+        assert all(0 < s["projected_s"] for s in stats)
+    rows = {r["variant"]: r for r in report(tmp_path / "res")["rows"]}
+    assert rows["fpga_overlap_k2"]["projected_tok_s"] > 0 and rows["fpga_sync_k2"]["projected_tok_s"] > 0
+
+
+def test_projection_without_a_timeline_is_sync_only(tmp_path):
+    """Old phase files (no per-prompt projected_s): sync swaps measured draft time for modeled time;
+    overlap cannot be projected that way (drafts made ahead and discarded are not in the stats)."""
+    st = {**stat(4, 2, 2, 0.5), "draft_s": 0.4, "modeled_draft_s": 0.01}
+    sync_run = {**run(4.0, [[1, 2, 3, 4]], [st]), "name": "fpga-emulated sync k=4"}
+    overlap_run = {**run(4.0, [[1, 2, 3, 4]], [st]), "name": "fpga-emulated overlap k=4"}
+    (tmp_path / "fpga.json").write_text(json.dumps({"fpga_sync_k4": sync_run, "fpga_overlap_k4": overlap_run}))
+    rows = {r["variant"]: r for r in report(tmp_path)["rows"]}
+    assert rows["fpga_sync_k4"]["projected_tok_s"] == pytest.approx(4 / (1.0 - 0.4 + 0.01))
+    assert rows["fpga_overlap_k4"]["projected_tok_s"] is None

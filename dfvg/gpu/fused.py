@@ -15,12 +15,15 @@ and the LM head stays cuBLAS (`Transformer.logits`: 115 us against the fused ker
 rows). Each fused kernel is a GEMV-shaped stream over its weight matrix with the small prologue/epilogue
 work folded in, so weights are read once and activations make no extra round trip. Rows (T) are the new
 tokens: 1 for plain decode, k + 1 for a verify step, 2 for the draft's catch-up, 16 for a prefill chunk.
-With T = 1 the products are multiply-and-sum reduced once after the loop; with T > 1 they are `tl.dot`
-on rows padded to 16.
+With T = 1 the products are multiply-and-sum reduced once after the loop, and a fused RMSNorm scales the
+finished dot products by 1/RMS(x), whose sum of squares is gathered in the same pass over x (a separate
+first pass cost the launch a serial L2 round trip before any weight load: 18.2 vs 22.7 us for gate/up on
+the H200); with T > 1 they are `tl.dot` on rows padded to 16, on rows normalized in a first pass.
 
 Positions come from a device tensor, so a captured graph replays at any position without a host sync.
 Arithmetic follows `dfvg.model` (float32 accumulation and softmax, bf16 rounding where the reference
-rounds), not bit for bit: `gpu/check_kernels.py` and the gpu-marked tests bound the difference.
+rounds, except the T = 1 RMSNorm above, which keeps the normalized row in float32), not bit for bit:
+`gpu/check_kernels.py` and the gpu-marked tests bound the difference.
 
 What this module does not cover (callers fall back to the compiled block): Qwen3's per-head q/k norm,
 head_dim not a power of two, more than `MAX_ROWS` rows, and machines without Triton.
@@ -43,29 +46,20 @@ if HAVE_TRITON:
     from dfvg.gpu.decode_attention import _dot
 
     @triton.jit
-    def _rstd(x_ptr, x_stride, rows, K, eps, BT: tl.constexpr, BK: tl.constexpr):
-        """1 / RMS of each of the first `rows` rows of x [rows, K] (float32) -> [BT]."""
-        t = tl.arange(0, BT)
-        ss = tl.zeros((BT,), tl.float32)
-        for k0 in range(0, K, BK):
-            k = k0 + tl.arange(0, BK)
-            x = tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
-                        other=0.0).to(tl.float32)
-            ss += tl.sum(x * x, axis=1)
-        return tl.rsqrt(ss / K + eps)
+    def _a_tile(x_ptr, x_stride, g_ptr, rows, K, k0, NORM: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+        """Columns k0..k0+BK of x, and of the A operand (x, or x * g with NORM), both float32 [BT, BK].
 
-    @triton.jit
-    def _a_tile(x_ptr, x_stride, g_ptr, rstd, rows, K, k0, NORM: tl.constexpr, BT: tl.constexpr,
-                BK: tl.constexpr):
-        """Columns k0..k0+BK of the A operand: x, or RMSNorm(x) rounded as `dfvg.model.RMSNorm` rounds."""
+        RMSNorm(x) W^T = diag(1/RMS(x)) (x * g) W^T: the 1/RMS factor is applied after the product
+        (`_stream`), so x is read once, in the same pass as the weights, instead of a pass to find the RMS
+        first while no weight load is in flight."""
         t = tl.arange(0, BT)
         k = k0 + tl.arange(0, BK)
         x = tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
-                    other=0.0)
+                    other=0.0).to(tl.float32)
+        a = x
         if NORM:
-            g = tl.load(g_ptr + k, mask=k < K, other=0.0)
-            x = (x.to(tl.float32) * rstd[:, None]).to(tl.bfloat16).to(tl.float32) * g[None, :].to(tl.float32)
-        return x.to(tl.bfloat16)
+            a = x * tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+        return x, a
 
     @triton.jit
     def _w_tile(w_ptr, row0, n_rows, K, k0, BN: tl.constexpr, BK: tl.constexpr):
@@ -75,19 +69,34 @@ if HAVE_TRITON:
                        other=0.0, eviction_policy="evict_first")
 
     @triton.jit
-    def _stream(x_ptr, x_stride, g_ptr, rstd, w_ptr, row0, row1, n_rows, rows, K, NORM: tl.constexpr,
+    def _stream(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, K, eps, NORM: tl.constexpr,
                 PAIR: tl.constexpr, USE_DOT: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, UNROLL: tl.constexpr):
-        """A [rows, K] times weight rows row0..row0+BN (and row1.. with PAIR) over all of K -> 2x [BT, BN].
+        """A [rows, K] times weight rows row0..row0+BN (and row1.. with PAIR) over all of K -> 2x [BT, BN];
+        with NORM, A is RMSNorm(x) * g (the sum of squares is gathered in the same pass, 1/RMS applied last).
 
         The weight stream is the whole cost, so the T = 1 path keeps elementwise partial products [BN, BK]
         and reduces once after the loop: no cross-thread reduction per tile, so the loads of successive
         tiles overlap (UNROLL of them in flight)."""
+        squares = tl.zeros((BT, BK), tl.float32)  # T = 1: sum of squares kept elementwise, summed once
+        sum_sq = tl.zeros((BT,), tl.float32)  # T > 1: summed per tile in the first pass
         if USE_DOT:
+            # Tensor-core tiles take the normalized rows, 1/RMS found in a first pass over x: scaling after
+            # the dot, with the sum in the same loop, measured 1.5x slower at T = 5 (H200, 2026-12-03).
+            rstd = tl.full((BT,), 1.0, tl.float32)
+            if NORM:
+                for k0 in range(0, K, BK):
+                    x, _ = _a_tile(x_ptr, x_stride, g_ptr, rows, K, k0, False, BT, BK)
+                    sum_sq += tl.sum(x * x, axis=1)
+                rstd = tl.rsqrt(sum_sq / K + eps)
             acc0 = tl.zeros((BT, BN), tl.float32)
             acc1 = tl.zeros((BT, BN), tl.float32)
             for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
-                a = _a_tile(x_ptr, x_stride, g_ptr, rstd, rows, K, k0, NORM, BT, BK)
+                x, a = _a_tile(x_ptr, x_stride, g_ptr, rows, K, k0, False, BT, BK)
+                if NORM:  # rounded as `dfvg.model.RMSNorm` rounds
+                    g = tl.load(g_ptr + k0 + tl.arange(0, BK), mask=k0 + tl.arange(0, BK) < K, other=0.0)
+                    a = (x * rstd[:, None]).to(tl.bfloat16).to(tl.float32) * g[None, :].to(tl.float32)
+                a = a.to(tl.bfloat16)
                 acc0 += _dot(a, tl.trans(_w_tile(w_ptr, row0, n_rows, K, k0, BN, BK)), F32)
                 if PAIR:
                     acc1 += _dot(a, tl.trans(_w_tile(w_ptr, row1, n_rows, K, k0, BN, BK)), F32)
@@ -95,12 +104,18 @@ if HAVE_TRITON:
             part0 = tl.zeros((BN, BK), tl.float32)
             part1 = tl.zeros((BN, BK), tl.float32)
             for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
-                a = _a_tile(x_ptr, x_stride, g_ptr, rstd, rows, K, k0, NORM, BT, BK).to(tl.float32)
+                x, a = _a_tile(x_ptr, x_stride, g_ptr, rows, K, k0, NORM, BT, BK)
+                if NORM:
+                    squares += x * x
                 part0 += _w_tile(w_ptr, row0, n_rows, K, k0, BN, BK).to(tl.float32) * a
                 if PAIR:
                     part1 += _w_tile(w_ptr, row1, n_rows, K, k0, BN, BK).to(tl.float32) * a
             acc0 = tl.sum(part0, axis=1)[None, :]
             acc1 = tl.sum(part1, axis=1)[None, :]
+            if NORM:
+                rstd = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)[:, None]
+                acc0 = acc0 * rstd
+                acc1 = acc1 * rstd
         return acc0, acc1
 
     @triton.jit
@@ -110,11 +125,8 @@ if HAVE_TRITON:
                        BK: tl.constexpr, UNROLL: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
         n0 = tl.program_id(0) * BN
-        rstd = tl.zeros((BT,), tl.float32)
-        if NORM:
-            rstd = _rstd(x_ptr, x_stride, rows, K, eps, BT, BK)
         n_rows = 2 * N if SWIGLU else N
-        acc, acc_up = _stream(x_ptr, x_stride, g_ptr, rstd, w_ptr, n0, N + n0, n_rows, rows, K, NORM, SWIGLU,
+        acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, K, eps, NORM, SWIGLU,
                               USE_DOT, F32, BT, BN, BK, UNROLL)
         t = tl.arange(0, BT)
         n = n0 + tl.arange(0, BN)
@@ -142,9 +154,8 @@ if HAVE_TRITON:
         head = tl.program_id(0) // chunks
         lo = (tl.program_id(0) % chunks) * BN + tl.arange(0, BN)  # column within the head's first half
         row_lo = head * HD + (tl.program_id(0) % chunks) * BN
-        rstd = _rstd(x_ptr, K, rows, K, eps, BT, BK)
-        acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, rstd, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
-                                 rows, K, True, True, USE_DOT, F32, BT, BN, BK, UNROLL)
+        acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
+                                 rows, K, eps, True, True, USE_DOT, F32, BT, BN, BK, UNROLL)
         if HAS_BIAS:
             acc_lo += tl.load(b_ptr + head * HD + lo).to(tl.float32)[None, :]
             acc_hi += tl.load(b_ptr + head * HD + HALF + lo).to(tl.float32)[None, :]
@@ -193,14 +204,20 @@ def rows_bucket(rows: int) -> int:
     return 1 if rows == 1 else (8 if rows <= 8 else 16)
 
 
-# Per-shape block sizes measured best on the H200 (benchmarks/gpu_decode.py --sweep --quick, 2026-12-03;
-# Qwen2.5-Coder-1.5B shapes): (N, K, rows_bucket) -> config. Other shapes take `linear_config`'s defaults.
+# Per-shape block sizes measured best on the H200 (benchmarks/gpu_decode.py --sweep --quick, 2026-12-03, the
+# sweep that the real-pair run of benchmarks/RESULTS.md applied; Qwen2.5-Coder-1.5B shapes; the LM head rows
+# of that sweep are left out: the head stays cuBLAS): (N, K, rows_bucket) -> config. Other shapes take
+# `linear_config`'s defaults.
 TUNED: dict[tuple[int, int, int], dict] = {
     (1536, 1536, 1): {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4},
-    (8960, 1536, 1): {"BN": 4, "BK": 512, "UNROLL": 2, "num_warps": 4},
+    (8960, 1536, 1): {"BN": 4, "BK": 256, "UNROLL": 4, "num_warps": 4},
     (1536, 8960, 1): {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4},
     (1536, 1536, 8): {"BN": 16, "BK": 256, "UNROLL": 1, "num_warps": 4},
     (8960, 1536, 8): {"BN": 32, "BK": 128, "UNROLL": 1, "num_warps": 4},
+    (1536, 8960, 8): {"BN": 16, "BK": 256, "UNROLL": 1, "num_warps": 4},
+    (1536, 1536, 16): {"BN": 16, "BK": 256, "UNROLL": 1, "num_warps": 4},
+    (8960, 1536, 16): {"BN": 32, "BK": 128, "UNROLL": 1, "num_warps": 4},
+    (1536, 8960, 16): {"BN": 16, "BK": 256, "UNROLL": 1, "num_warps": 4},
 }
 
 
