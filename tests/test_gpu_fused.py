@@ -1,6 +1,6 @@
 """Fused Triton decoder layers (dfvg.gpu.fused) against the compiled-block arithmetic they replace.
 
-On the GPU machine (gpu marker) the real kernels run; on a CPU with Triton installed, one case runs under
+On the GPU machine (gpu marker) the real kernels run; on a CPU with Triton installed, a few cases run under
 Triton's interpreter in a subprocess (TRITON_INTERPRET must be set before Triton is imported).
 """
 
@@ -91,22 +91,27 @@ def test_fused_graph_model_matches_eager_forward_on_gpu():
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.8
 
 
-@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
-@pytest.mark.parametrize("rows", [1, 3])  # T = 1: 1/RMS after the product; T = 3: tensor-core tiles
-def test_fused_layer_under_triton_interpreter(rows):
+def interpreted(call: str) -> list[float]:
+    """Numbers printed by `call` (an expression on this module's helpers) run under Triton's CPU interpreter,
+    in a subprocess: TRITON_INTERPRET must be set before Triton is imported."""
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, "tests")
-        from test_gpu_fused import layer_errors, small_model
-        print(*layer_errors(small_model(32, "cpu"), {rows}, 70, cache_len=160))
+        import test_gpu_fused as t
+        print(*{call})
     """)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=600)
     if proc.returncode and "only 0-dimensional arrays" in proc.stderr:
         pytest.skip("this numpy is too new for Triton's interpreter")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out_err, k_err = map(float, proc.stdout.split()[-2:])
+    return list(map(float, proc.stdout.split()))
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
+@pytest.mark.parametrize("rows", [1, 3])  # T = 1: 1/RMS after the product; T = 3: tensor-core tiles
+def test_fused_layer_under_triton_interpreter(rows):
+    out_err, k_err = interpreted(f"t.layer_errors(t.small_model(32, 'cpu'), {rows}, 70, cache_len=160)")[-2:]
     assert out_err < 2e-2 and k_err < 2e-2, (out_err, k_err)
 
 
@@ -130,18 +135,7 @@ def linear_errors(rows: int, device: str) -> list[float]:
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
 def test_fused_rmsnorm_linear_under_triton_interpreter():
     """T = 1 scales by 1/RMS after the product, T > 1 normalizes first: both against float64."""
-    code = textwrap.dedent("""
-        import sys
-        sys.path.insert(0, "tests")
-        from test_gpu_fused import linear_errors
-        print(*linear_errors(1, "cpu"), *linear_errors(3, "cpu"))
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode and "only 0-dimensional arrays" in proc.stderr:
-        pytest.skip("this numpy is too new for Triton's interpreter")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    errors = list(map(float, proc.stdout.split()[-4:]))
+    errors = interpreted("t.linear_errors(1, 'cpu') + t.linear_errors(3, 'cpu')")[-4:]
     # bf16 rounding, which the interpreter does toward zero (~2x a GPU's error): 1e-7..2.2e-2 measured; a 1/RMS
     # off by 5 % gives 5e-2, a missing one 0.76
     assert max(errors) < 3e-2, errors

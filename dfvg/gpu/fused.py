@@ -46,20 +46,18 @@ if HAVE_TRITON:
     from dfvg.gpu.decode_attention import _dot
 
     @triton.jit
-    def _a_tile(x_ptr, x_stride, g_ptr, rows, K, k0, NORM: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-        """Columns k0..k0+BK of x, and of the A operand (x, or x * g with NORM), both float32 [BT, BK].
-
-        RMSNorm(x) W^T = diag(1/RMS(x)) (x * g) W^T: the 1/RMS factor is applied after the product
-        (`_stream`), so x is read once, in the same pass as the weights, instead of a pass to find the RMS
-        first while no weight load is in flight."""
+    def _x_tile(x_ptr, x_stride, rows, K, k0, BT: tl.constexpr, BK: tl.constexpr):
+        """Columns k0..k0+BK of the first `rows` rows of x, float32 [BT, BK] (zeros past rows and K)."""
         t = tl.arange(0, BT)
         k = k0 + tl.arange(0, BK)
-        x = tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
-                    other=0.0).to(tl.float32)
-        a = x
-        if NORM:
-            a = x * tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
-        return x, a
+        return tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
+                       other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _g_tile(g_ptr, K, k0, BK: tl.constexpr):
+        """Columns k0..k0+BK of the RMSNorm weight, float32 [1, BK]."""
+        k = k0 + tl.arange(0, BK)
+        return tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
 
     @triton.jit
     def _w_tile(w_ptr, row0, n_rows, K, k0, BN: tl.constexpr, BK: tl.constexpr):
@@ -73,29 +71,29 @@ if HAVE_TRITON:
                 PAIR: tl.constexpr, USE_DOT: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, UNROLL: tl.constexpr):
         """A [rows, K] times weight rows row0..row0+BN (and row1.. with PAIR) over all of K -> 2x [BT, BN];
-        with NORM, A is RMSNorm(x) * g (the sum of squares is gathered in the same pass, 1/RMS applied last).
+        with NORM, A is RMSNorm(x) * g.
 
         The weight stream is the whole cost, so the T = 1 path keeps elementwise partial products [BN, BK]
         and reduces once after the loop: no cross-thread reduction per tile, so the loads of successive
-        tiles overlap (UNROLL of them in flight)."""
-        squares = tl.zeros((BT, BK), tl.float32)  # T = 1: sum of squares kept elementwise, summed once
-        sum_sq = tl.zeros((BT,), tl.float32)  # T > 1: summed per tile in the first pass
+        tiles overlap (UNROLL of them in flight). Its RMSNorm uses RMSNorm(x) W^T = diag(1/RMS(x)) (x * g) W^T:
+        the sum of squares is gathered in the same pass as the weights and 1/RMS applied last, instead of a
+        pass over x to find the RMS first while no weight load is in flight."""
         if USE_DOT:
             # Tensor-core tiles take the normalized rows, 1/RMS found in a first pass over x: scaling after
             # the dot, with the sum in the same loop, measured 1.5x slower at T = 5 (H200, 2026-12-03).
             rstd = tl.full((BT,), 1.0, tl.float32)
             if NORM:
+                sum_sq = tl.zeros((BT,), tl.float32)
                 for k0 in range(0, K, BK):
-                    x, _ = _a_tile(x_ptr, x_stride, g_ptr, rows, K, k0, False, BT, BK)
+                    x = _x_tile(x_ptr, x_stride, rows, K, k0, BT, BK)
                     sum_sq += tl.sum(x * x, axis=1)
                 rstd = tl.rsqrt(sum_sq / K + eps)
             acc0 = tl.zeros((BT, BN), tl.float32)
             acc1 = tl.zeros((BT, BN), tl.float32)
             for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
-                x, a = _a_tile(x_ptr, x_stride, g_ptr, rows, K, k0, False, BT, BK)
+                a = _x_tile(x_ptr, x_stride, rows, K, k0, BT, BK)
                 if NORM:  # rounded as `dfvg.model.RMSNorm` rounds
-                    g = tl.load(g_ptr + k0 + tl.arange(0, BK), mask=k0 + tl.arange(0, BK) < K, other=0.0)
-                    a = (x * rstd[:, None]).to(tl.bfloat16).to(tl.float32) * g[None, :].to(tl.float32)
+                    a = (a * rstd[:, None]).to(tl.bfloat16).to(tl.float32) * _g_tile(g_ptr, K, k0, BK)
                 a = a.to(tl.bfloat16)
                 acc0 += _dot(a, tl.trans(_w_tile(w_ptr, row0, n_rows, K, k0, BN, BK)), F32)
                 if PAIR:
@@ -103,10 +101,13 @@ if HAVE_TRITON:
         else:
             part0 = tl.zeros((BN, BK), tl.float32)
             part1 = tl.zeros((BN, BK), tl.float32)
+            squares = tl.zeros((BT, BK), tl.float32)  # sum of squares kept elementwise, summed once
             for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
-                x, a = _a_tile(x_ptr, x_stride, g_ptr, rows, K, k0, NORM, BT, BK)
+                x = _x_tile(x_ptr, x_stride, rows, K, k0, BT, BK)
+                a = x
                 if NORM:
                     squares += x * x
+                    a = x * _g_tile(g_ptr, K, k0, BK)
                 part0 += _w_tile(w_ptr, row0, n_rows, K, k0, BN, BK).to(tl.float32) * a
                 if PAIR:
                     part1 += _w_tile(w_ptr, row1, n_rows, K, k0, BN, BK).to(tl.float32) * a
