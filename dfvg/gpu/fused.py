@@ -17,8 +17,9 @@ work folded in, so weights are read once and activations make no extra round tri
 tokens: 1 for plain decode, k + 1 for a verify step, 2 for the draft's catch-up, 16 for a prefill chunk.
 With T = 1 the products are multiply-and-sum reduced once after the loop, and a fused RMSNorm scales the
 finished dot products by 1/RMS(x), whose sum of squares is gathered in the same pass over x (a separate
-first pass cost the launch a serial L2 round trip before any weight load: 18.2 vs 22.7 us for gate/up on
-the H200); with T > 1 they are `tl.dot` on rows padded to 16, on rows normalized in a first pass.
+first pass cost the launch a serial L2 round trip before any weight load: gate/up 18.2 us on the H200,
+against 22.7 us for the two-pass kernel in an earlier session's sweep, not side by side); with T > 1 they
+are `tl.dot` on rows padded to 16, on rows normalized in a first pass.
 
 Positions come from a device tensor, so a captured graph replays at any position without a host sync.
 Arithmetic follows `dfvg.model` (float32 accumulation and softmax, bf16 rounding where the reference
@@ -80,7 +81,8 @@ if HAVE_TRITON:
         pass over x to find the RMS first while no weight load is in flight."""
         if USE_DOT:
             # Tensor-core tiles take the normalized rows, 1/RMS found in a first pass over x: scaling after
-            # the dot, with the sum in the same loop, measured 1.5x slower at T = 5 (H200, 2026-12-03).
+            # the dot, with the sum in the same loop, measured ~1.5x slower at T = 5 (H200, 2026-12-03,
+            # against the previous session's sweep: not side by side).
             rstd = tl.full((BT,), 1.0, tl.float32)
             if NORM:
                 sum_sq = tl.zeros((BT,), tl.float32)
