@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the test suite needs (pip packages; Debian's iverilog + yosys when run as root), then runs
+# Installs what the test suite needs (pip packages at the versions of constraints.txt, into the active
+# virtual environment or .venv; Debian's iverilog + yosys when run as root), then runs
 # the RTL simulations, the Yosys synthesis estimate, and the Python test suite. The README's test command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,9 +11,8 @@ if ! command -v iverilog >/dev/null || ! command -v yosys >/dev/null; then
     echo "error: iverilog and yosys are needed: sudo apt-get install -y iverilog yosys" >&2; exit 2
   fi
 fi
-python3 -m pip install -q -r requirements-test.txt
-python3 -m pip install -q --no-deps -e .
+source scripts/python_env.sh requirements-test.txt
 ruff check .
 make -C fpga sim
 make -C fpga synth-oss
-python3 -m pytest -q "$@"
+python -m pytest -q "$@"

@@ -5,7 +5,7 @@ Counts are pre-place-and-route *estimates* (no timing, no power): LUT = LUT1..LU
 FDCE/FDPE, RAMB36E2 counts a RAMB18E2 as 0.5, CARRY8 counts a CARRY4 as 0.5 (Yosys 0.23 still maps
 adders to CARRY4 for xcup); "raw_cells" keeps Yosys' own counts (SRL16E/SRLC32E, MUXF7-9 included).
 Kernels are synthesized without I/O buffers (they are internal blocks of a larger design) at the
-sizes in kernels.py's "synth" parameters.
+sizes in rtl_kernels.py's "synth" parameters.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import FPGA_DIR, KERNELS, LUTS, sources  # noqa: E402
+from rtl_kernels import FPGA_DIR, KERNELS, LUTS, sources  # noqa: E402
 
 REPORT = FPGA_DIR / "reports" / "yosys_cells.json"
 FF_CELLS = ("FDRE", "FDSE", "FDCE", "FDPE")

@@ -19,7 +19,7 @@ from cocotb_tools.runner import get_runner
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
-from kernels import FPGA_DIR, KERNELS, LUTS, sources  # noqa: E402
+from rtl_kernels import FPGA_DIR, KERNELS, LUTS, sources  # noqa: E402
 
 REPO = FPGA_DIR.parent
 REPORT = FPGA_DIR / "reports" / "kernel_cycles.json"

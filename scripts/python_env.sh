@@ -1,0 +1,13 @@
+# Sourced by demo.sh and test.sh: use the active virtual environment, or create and activate .venv in the
+# repository (a fresh Debian/Ubuntu python3 refuses `pip install` outside one), then install the given
+# requirements file at the exact versions of constraints.txt (scripts/pin_requirements.sh moves them).
+# Usage: source scripts/python_env.sh requirements.txt
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv || { echo "error: python3 -m venv failed: install it (apt-get install -y python3-venv)" >&2; exit 2; }
+  fi
+  # shellcheck disable=SC1091
+  source .venv/bin/activate
+fi
+python -m pip install -q -c constraints.txt -r "$1"
+python -m pip install -q --no-deps -e .
