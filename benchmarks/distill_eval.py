@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.gpu_speed import draft_lengths  # noqa: E402
 from dfvg.checkpoint import load_config, load_model, read_json, resolve_dtype  # noqa: E402
 from dfvg.distill import data, evaluate, sizing  # noqa: E402
-from dfvg.drafter import TorchDrafter, make_drafter  # noqa: E402
+from dfvg.drafter import TorchDrafter  # noqa: E402
+from dfvg.engine import make_drafter  # noqa: E402
 from dfvg.errors import UserError  # noqa: E402
 from dfvg.generate import generate  # noqa: E402
-from dfvg.gpu.fast import FastGreedy  # noqa: E402
 from dfvg.gpu.graphs import GraphDrafter, GraphVerifier  # noqa: E402
 from dfvg.stats import Metric  # noqa: E402
 from dfvg.tokenizer import eos_token_ids  # noqa: E402
@@ -130,13 +130,15 @@ def end_to_end(args, verifier, drafts: dict[str, Path], seqs: list, device, dtyp
     return out
 
 
-def timed_fast(name: str, fast: FastGreedy, prompts: list[list[int]], tokens: int, device: str) -> dict:
+def timed_fast(name: str, fast: tuple, prompts: list[list[int]], tokens: int, device: str) -> dict:
     """gpu_speed.timed_runs (warm-up, device-synchronized timing, tok/s, ms/token) plus the median decode
     step and the acceptance over all steps."""
     from benchmarks.gpu_speed import timed_runs
 
+    engine, drafter, k = fast  # the product's path: Engine.decode (the device step for a graph pair)
+
     def run_one(ids: list[int]):
-        result = fast.generate(ids, tokens)
+        result = engine.decode(drafter, ids, tokens, k=k)
         return result.tokens, {"steps": result.steps, "step_s": result.decode_s / max(1, len(result.steps))}
 
     run = timed_runs(name, [{"ids": p} for p in prompts], run_one, device)
@@ -150,14 +152,17 @@ def timed_fast(name: str, fast: FastGreedy, prompts: list[list[int]], tokens: in
 
 
 def gpu_speed(args, verifier: GraphVerifier, drafts: dict[str, Path], seqs: list, ks: list[int], e2e: dict) -> dict:
-    """Same run, CUDA graphs: DFVG plain vs each distilled draft on the GPU (fused FastGreedy step), replay
+    """Same run, CUDA graphs: DFVG plain vs each distilled draft on the GPU (the engine's device step), replay
     times, and the FPGA projection: modeled board block + measured verify replay + measured host overhead,
     divided by the mean accepted length measured on the FPGA datapath emulation (`modeled`)."""
     from benchmarks.gpu_phases import step_times
 
     device = torch.device("cuda")
     prompts = [s.prompt for s in seqs[: args.e2e_prompts]]
-    plain = timed_fast("dfvg plain", FastGreedy(verifier, None, 0), prompts, args.e2e_tokens, "cuda")
+    from benchmarks.gpu_phases import engine_for
+
+    engine = engine_for(verifier)
+    plain = timed_fast("dfvg plain", (engine, None, 0), prompts, args.e2e_tokens, "cuda")
     out = {"dfvg_plain": {k: v for k, v in plain.items() if k != "tokens"}}
     print(f"gpu plain: {plain['tokens_per_s']:.1f} tok/s, step {plain['median_step_ms']:.3f} ms", flush=True)
     for name, directory in drafts.items():
@@ -166,7 +171,7 @@ def gpu_speed(args, verifier: GraphVerifier, drafts: dict[str, Path], seqs: list
         drafter = GraphDrafter(load_model(directory, device=device), verifier.vocab_size, cache_len=1024)
         rows = {}
         for k in ks:
-            run = timed_fast(f"{name} k={k}", FastGreedy(verifier, drafter, k), prompts, args.e2e_tokens, "cuda")
+            run = timed_fast(f"{name} k={k}", (engine, drafter, k), prompts, args.e2e_tokens, "cuda")
             run["outputs_equal_to_plain"] = sum(a == b for a, b in zip(run.pop("tokens"), plain["tokens"],
                                                                        strict=True)) / len(prompts)
             run["speedup_vs_plain"] = run["tokens_per_s"] / plain["tokens_per_s"]

@@ -15,8 +15,8 @@ import torch
 
 from benchmarks.gpu_speed import KERNELS, cuda_median_ms, save, sync, timed_runs
 from dfvg.drafter import TorchDrafter
+from dfvg.engine import Engine
 from dfvg.generate import generate
-from dfvg.gpu.fast import FastGreedy
 from dfvg.gpu.graphs import GraphDrafter, GraphVerifier, draft_graph, token_graph
 from dfvg.verifier import TorchVerifier
 
@@ -44,10 +44,19 @@ def graph_pair(args, models, kernels: str = "fused", draft: str = "draft") -> tu
     return models[key]
 
 
+ENGINES: dict[int, Engine] = {}
+
+
+def engine_for(verifier) -> Engine:
+    """One engine per verifier, as `dfvg generate` / `dfvg run` hold one: its captured steps are reused."""
+    return ENGINES.setdefault(id(verifier), Engine(verifier))
+
+
 def dfvg_runner(verifier, drafter, k: int, n: int, loop: str = "fast"):
+    """The product's path: `Engine.decode` (the device step for a graph pair); "host": the host step."""
     if loop == "fast":
-        fast = FastGreedy(verifier, drafter, k)
-        return lambda ids: _out(fast.generate(ids, n))
+        engine = engine_for(verifier)
+        return lambda ids: _out(engine.decode(drafter, ids, n, k=k))
     return lambda ids: _out(generate(verifier, ids, n, drafter=drafter, draft_length=k))
 
 
@@ -73,8 +82,8 @@ def phase_check(args, models) -> dict:
         out = {"hf": ref, "dfvg_eager": generate(eager, ids, n).tokens,
                "dfvg_eager_spec_k4": generate(eager, ids, n, drafter=TorchDrafter(models[draft]),
                                               draft_length=4).tokens,
-               "graph_plain": FastGreedy(verifier, None, 0).generate(ids, n).tokens,
-               "graph_fast_k4": FastGreedy(verifier, drafter, 4).generate(ids, n).tokens,
+               "graph_plain": engine_for(verifier).decode(None, ids, n, k=0).tokens,
+               "graph_fast_k4": engine_for(verifier).decode(drafter, ids, n, k=4).tokens,
                "graph_loop_k4": generate(verifier, ids, n, drafter=drafter, draft_length=4).tokens}
         rows.append({"id": p["id"], **{k: prefix_match(v, ref) for k, v in out.items()}})
     with torch.inference_mode():
@@ -109,7 +118,7 @@ def phase_dfvg(args, models) -> dict:
     n, prompts, dev = args.max_new_tokens, models["prompts"], args.device
     verifier, drafter = graph_pair(args, models, args.kernels)
     start = time.perf_counter()
-    FastGreedy(verifier, None, 0).generate(prompts[0]["ids"], 4)
+    engine_for(verifier).decode(None, prompts[0]["ids"], 4, k=0)
     runs = {"capture_plain_s": time.perf_counter() - start, "kernels": args.kernels,
             "why_not_fused": verifier.gm.why_not_fused}
     runs["dfvg_plain"] = timed_runs(f"dfvg plain ({args.kernels})", prompts, dfvg_runner(verifier, None, 0, n), dev)

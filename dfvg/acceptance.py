@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dfvg.sampling import sample_from
+from dfvg.sampling import SamplingParams, processed_probs, sample_from
 
 
 def draft_token_probs(draft_tokens: Tensor, draft_probs: Tensor | None) -> Tensor:
@@ -60,3 +60,14 @@ def accept(
         draft_row = None if draft_probs is None else draft_probs[num_accepted].to(device)
         final = residual_distribution(target_probs[num_accepted], draft_row, int(draft_tokens[num_accepted]))
     return num_accepted, int(sample_from(final, uniforms[k]).item())
+
+
+def accept_block(
+    draft_tokens: list[int], draft_probs: Tensor | None, target_logits: Tensor, sampling: SamplingParams,
+    rng: torch.Generator,
+) -> tuple[int, int]:
+    """`accept` on raw target logits [k+1, V] under the sampling parameters; draws k+1 uniforms from rng."""
+    target_probs = processed_probs(target_logits, sampling)
+    draft_probs = None if draft_probs is None else draft_probs.to(target_probs.device)
+    uniforms = torch.rand(len(draft_tokens) + 1, generator=rng)
+    return accept(torch.tensor(draft_tokens, dtype=torch.long), draft_probs, target_probs, uniforms)

@@ -47,8 +47,8 @@ def add_generate_parser(commands) -> None:
     gen.add_argument("--draft-device", help=DRAFT_DEVICE_HELP + " (default: --device)")
     gen.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding of the target")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
-    gen.add_argument("--graphs", action="store_true",
-                     help="CUDA only: replay CUDA graphs for decode/verify/draft (the fast path, docs/gpu.md)")
+    gen.add_argument("--eager", action="store_true",
+                     help="CUDA: run the eager torch step instead of CUDA graphs + fused layers (for debugging)")
     add_fpga_options(gen)
 
 
@@ -79,10 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_generate(args: argparse.Namespace) -> dict:
-    """Load the models, generate, and return the --json payload."""
+    """Load the models, warm up, generate, and return the --json payload."""
     from dfvg.checkpoint import resolve_dtype
     from dfvg.devices import resolve_device
-    from dfvg.generate import generate
     from dfvg.sampling import SamplingParams
     from dfvg.tokenizer import decode, encode, eos_token_ids, load_tokenizer
 
@@ -92,58 +91,35 @@ def run_generate(args: argparse.Namespace) -> dict:
         raise UserError(f"--draft-length must be >= 1, got {args.draft_length}")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
     device = resolve_device(args.device)
-    if args.graphs and device.type != "cuda":
-        raise UserError("--graphs needs --device cuda (CUDA graphs do not exist on the CPU)")
     dtype = resolve_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     tokenizer = load_tokenizer(args.target)
-    target, drafter = load_engine(args, device, dtype, tokenizer)
+    engine, drafter = load_engine(args, device, dtype, tokenizer)
     if args.prompt is not None:
         prompt_ids = encode(tokenizer, args.prompt)
     else:
-        prompt_ids = parse_prompt_ids(args.prompt_ids, target.vocab_size)
-    eos = eos_token_ids(args.target)
-    if args.graphs and sampling.greedy and uses_graph_drafter(drafter):
-        from dfvg.gpu.fast import FastGreedy
-
-        result = FastGreedy(target, drafter, args.draft_length).generate(prompt_ids, args.max_new_tokens, eos)
-    else:
-        result = generate(target, prompt_ids, args.max_new_tokens, eos_ids=eos, sampling=sampling,
-                          seed=args.seed, drafter=drafter, draft_length=args.draft_length)
+        prompt_ids = parse_prompt_ids(args.prompt_ids, engine.verifier.vocab_size)
+    k = 0 if drafter is None else args.draft_length
+    warmup_s = engine.warm_up([drafter], prompt_ids, [k], args.max_new_tokens) if prompt_ids else 0.0
+    result = engine.decode(drafter, prompt_ids, args.max_new_tokens, k=k, eos_ids=eos_token_ids(args.target),
+                           sampling=sampling, seed=args.seed)
+    result.warmup_s = warmup_s
     return {"tokens": result.tokens, "text": decode(tokenizer, result.tokens), "prompt_tokens": prompt_ids,
             "stats": result.stats()}
 
 
-def uses_graph_drafter(drafter) -> bool:
-    """Whether the whole greedy step can run as one captured graph (no drafter, or a graph drafter)."""
-    from dfvg.gpu.graphs import GraphDrafter
-
-    return drafter is None or isinstance(drafter, GraphDrafter)
-
-
 def load_engine(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, tokenizer):
-    """The target's verifier and the drafter (None with --no-draft); CUDA-graph versions with --graphs."""
-    from dfvg.checkpoint import load_model
-    from dfvg.devices import resolve_device
-    from dfvg.drafter import make_drafter
+    """The engine on the target and the drafter (None with --no-draft); CUDA graphs unless --eager."""
+    from dfvg.engine import Engine, load_verifier, make_drafter
     from dfvg.tokenizer import check_compatible, load_tokenizer
-    from dfvg.verifier import TorchVerifier
 
-    model = load_model(args.target, dtype=dtype, device=device)
-    if args.graphs:
-        from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
-
-        target = GraphVerifier(model)
-    else:
-        target = TorchVerifier(model)
+    fast = not args.eager
+    engine = Engine(load_verifier(args.target, device, dtype, fast))
     if args.no_draft:
-        return target, None
+        return engine, None
     check_compatible(tokenizer, load_tokenizer(args.draft), args.draft)
     draft_device = args.draft_device or args.device
-    if args.graphs and draft_device.startswith("cuda"):
-        draft_model = load_model(args.draft, dtype=dtype, device=resolve_device(draft_device))
-        return target, GraphDrafter(draft_model, target.vocab_size)
     options = fpga_options(args) if draft_device == "fpga" else {}
-    return target, make_drafter(args.draft, draft_device, dtype, target.vocab_size, **options)
+    return engine, make_drafter(args.draft, draft_device, dtype, engine.verifier.vocab_size, fast, **options)
 
 
 def run_config(args: argparse.Namespace) -> None:

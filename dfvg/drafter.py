@@ -1,4 +1,4 @@
-"""The `Drafter` protocol, the torch drafter, and the factory that picks a drafter by device.
+"""The `Drafter` protocol and the torch drafter (the factory that picks one by device is `dfvg.engine`).
 
 Every drafter honours one contract (docs/ARCHITECTURE.md): `prefill` resets it on a prompt, `propose`
 feeds whatever committed tokens it has not seen yet and drafts k tokens, `rollback(n)` declares positions
@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from dfvg.checkpoint import load_model
-from dfvg.devices import resolve_device, synchronize
+from dfvg.devices import synchronize
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams, processed_probs, sample_from
 
@@ -104,15 +102,3 @@ def fit_vocab(logits: Tensor, vocab_size: int) -> Tensor:
     if extra > 0:
         return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
     return logits
-
-
-def make_drafter(
-    draft_dir: str | Path, device: str, dtype: torch.dtype, target_vocab_size: int, **fpga_options
-) -> Drafter:
-    """The drafter for a device name: `fpga` (bit-exact integer datapath) or a torch device."""
-    if device == "fpga":
-        from dfvg.fpga.drafter import FpgaDrafter
-
-        return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=target_vocab_size, **fpga_options)
-    model = load_model(draft_dir, dtype=dtype, device=resolve_device(device))
-    return TorchDrafter(model, target_vocab_size)

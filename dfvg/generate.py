@@ -1,26 +1,38 @@
-"""Decoding: chain speculative decoding, and plain autoregressive decoding as its k = 0 case.
+"""The one decoding engine: the speculative step and the one loop around it.
 
 One step reads as the algorithm: propose k draft tokens -> verify k+1 positions in one target pass ->
 accept a prefix and draw one more token -> commit, and tell the drafter which positions stay valid.
-With no drafter the step proposes nothing and `accept` simply samples the target's next token, so plain
+With no drafter the step proposes nothing and acceptance simply samples the target's next token, so plain
 decoding and speculative decoding share every line that decides a token.
 
+`decode` is the only decoding loop for one sequence. Every path runs through it: `dfvg generate`,
+`dfvg run` (sync and overlap schedules), the benchmarks, distillation's end-to-end check. What differs per
+device is the `Step` it is given (propose -> verify -> accept for one block, returning an `Outcome`):
+- `HostStep` (here): any drafter (torch, CUDA graphs, the FPGA datapath, an XRT board) proposes on the host's
+  behalf; the verifier's `verify` scores and accepts (eager torch, or a captured verify-and-accept graph);
+- `dfvg.gpu.fast.DeviceStep`: greedy draft + verify + accept as one CUDA graph replay;
+- `dfvg.host.pipeline.OverlapStep`: drafts block n+1 on a worker thread while block n verifies.
+`dfvg.engine.make_step` picks one from the device config.
+
 Generation ends at the first EOS token (which is kept in the output, as Hugging Face does) or after exactly
-`max_new_tokens` tokens: the last step drafts no more than the tokens still missing, minus its bonus token.
+`max_new_tokens` tokens: a step drafts no more than the tokens still missing, minus its bonus token
+(`step_length`), and a step that commits past the end is cut (`GenerationResult.commit`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from dfvg.acceptance import accept
 from dfvg.devices import synchronize
 from dfvg.drafter import DraftBlock, Drafter
 from dfvg.errors import UserError
-from dfvg.sampling import SamplingParams, processed_probs
+from dfvg.host.timeline import Timeline
+from dfvg.sampling import SamplingParams
 from dfvg.stats import (
     StepRecord,
     acceptance_rate,
@@ -28,7 +40,7 @@ from dfvg.stats import (
     mean_accepted_length,
     per_position_acceptance,
 )
-from dfvg.verifier import TorchVerifier
+from dfvg.verifier import Verifier
 
 GREEDY = SamplingParams()
 
@@ -40,13 +52,16 @@ class GenerationResult:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     stopped_by: str = "max_new_tokens"
+    warmup_s: float = 0.0  # one-off graph capture / compilation of this process, never inside tok/s
 
     @property
     def hit_eos(self) -> bool:
         return self.stopped_by == "eos"
 
-    def commit(self, committed: list[int], eos: set[int]) -> list[int]:
-        """Append a step's tokens up to and including the first EOS (which ends generation); returns them."""
+    def commit(self, committed: list[int], eos: set[int], max_new_tokens: int) -> list[int]:
+        """Append a step's tokens up to the first EOS (kept; it ends generation) and at most up to
+        max_new_tokens in all; returns what was appended."""
+        committed = committed[: max_new_tokens - len(self.tokens)]
         stop = next((i for i, token in enumerate(committed) if token in eos), None)
         if stop is not None:
             committed = committed[: stop + 1]
@@ -68,6 +83,7 @@ class GenerationResult:
             "num_new_tokens": len(self.tokens),
             "tokens_per_second": len(self.tokens) / total_s if total_s > 0 else 0.0,
             "prefill_s": self.prefill_s,
+            "warmup_s": self.warmup_s,
             "decode_s": self.decode_s,
             "draft_s": sum(s.draft_s for s in self.steps),
             "verify_s": sum(s.verify_s for s in self.steps),
@@ -78,46 +94,108 @@ class GenerationResult:
         }
 
 
+@dataclass
+class Outcome:
+    """What one step decided: the block as verified, how many drafts the target accepted, its next token."""
+
+    block: DraftBlock
+    num_accepted: int
+    next_token: int
+    verify_s: float
+
+    @property
+    def committed(self) -> list[int]:
+        return self.block.tokens[: self.num_accepted] + [self.next_token]
+
+    def record(self) -> StepRecord:
+        b = self.block
+        return StepRecord(len(b.tokens), self.num_accepted, b.elapsed_s, self.verify_s, b.modeled_s)
+
+
+class Step(Protocol):
+    """One device implementation of propose -> verify -> accept (the loop commits)."""
+
+    device: torch.device
+
+    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None: ...
+
+    def __call__(self, seq: list[int], k: int) -> Outcome: ...
+
+
+EMPTY = DraftBlock(tokens=[], probs=None, elapsed_s=0.0)
+
+
 def propose(
     drafter: Drafter | None, seq: list[int], k: int, sampling: SamplingParams, rng: torch.Generator
 ) -> DraftBlock:
     if drafter is None or k == 0:
-        return DraftBlock(tokens=[], probs=None, elapsed_s=0.0)
+        return EMPTY
     return drafter.propose(seq, k, sampling, rng)
 
 
-def accept_block(
-    block: DraftBlock, target_logits: torch.Tensor, sampling: SamplingParams, rng: torch.Generator
-) -> tuple[int, int]:
-    """Accept a prefix of the block against the target's logits [k+1, V]; draws k+1 uniforms from rng."""
-    target_probs = processed_probs(target_logits, sampling)
-    draft_probs = None if block.probs is None else block.probs.to(target_probs.device)
-    uniforms = torch.rand(len(block.tokens) + 1, generator=rng)
-    draft_tokens = torch.tensor(block.tokens, dtype=torch.long)
-    return accept(draft_tokens, draft_probs, target_probs, uniforms)
+class HostStep:
+    """The step with the block on the host: the drafter proposes, the verifier verifies and accepts.
+
+    Greedy verification on a graph verifier is one captured verify-and-accept replay fed with the drafts,
+    whichever device drafted them (torch, FPGA datapath, board); otherwise target logits come back and
+    `accept_block` decides. With a timeline, each stage is recorded as a measured event."""
+
+    def __init__(self, verifier: Verifier, drafter: Drafter | None, sampling: SamplingParams,
+                 rng: torch.Generator, timeline: Timeline | None = None, draft_label: str = "",
+                 shape: Callable[[DraftBlock], DraftBlock] | None = None):
+        self.verifier, self.drafter, self.sampling, self.rng = verifier, drafter, sampling, rng
+        self.shape = shape  # e.g. the adaptive policy's cut at low confidence (dfvg.host.pipeline)
+        self.device = verifier.device
+        self.timeline = timeline
+        self.clock = timeline.now if timeline is not None else time.perf_counter
+        self.draft_label = draft_label or (str(drafter.device) if drafter is not None else "")
+        self.steps = 0
+
+    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
+        self.steps = 0
+        start = self.clock()
+        self.verifier.prefill(prompt_ids, max_seq_len)
+        synchronize(self.device)
+        verified = self.clock()
+        if self.drafter is not None:
+            self.drafter.prefill(prompt_ids, max_seq_len)
+            synchronize(self.drafter.device)
+        if self.timeline is not None:
+            self.timeline.record("prefill", str(self.device), start, verified, len(prompt_ids) - 1)
+            if self.drafter is not None:
+                self.timeline.record("prefill", self.draft_label, verified, self.clock(), len(prompt_ids) - 1)
+
+    def __call__(self, seq: list[int], k: int) -> Outcome:
+        start = self.clock()
+        block = propose(self.drafter, seq, k, self.sampling, self.rng)
+        if self.shape is not None and block.tokens:
+            block = self.shape(block)
+        verify_start = self.clock()
+        num_accepted, next_token = self.verifier.verify(seq, block, self.sampling, self.rng)
+        end = self.clock()
+        if self.drafter is not None:
+            # Positions up to the last accepted draft stay valid; the new last token is not fed yet.
+            self.drafter.rollback(len(seq) + num_accepted)
+        if self.timeline is not None:
+            self._record(start, verify_start, end, block, num_accepted)
+        self.steps += 1
+        return Outcome(block, num_accepted, next_token, end - verify_start)
+
+    def _record(self, start: float, verify_start: float, end: float, block: DraftBlock, num_accepted: int) -> None:
+        if block.tokens:
+            self.timeline.record("draft", self.draft_label, start, verify_start, len(block.tokens), self.steps,
+                                 modeled_s=block.modeled_s)
+        self.timeline.record("verify", str(self.device), verify_start, end, len(block.tokens) + 1, self.steps)
 
 
-def speculative_step(
-    verifier: TorchVerifier,
-    drafter: Drafter | None,
-    seq: list[int],
-    k: int,
-    sampling: SamplingParams,
-    rng: torch.Generator,
-) -> tuple[list[int], StepRecord]:
-    """One propose -> verify -> accept -> commit step; returns the committed tokens and its record."""
-    block = propose(drafter, seq, k, sampling, rng)
-    verify_start = time.perf_counter()
-    target_logits = verifier.score([seq[-1], *block.tokens], start_pos=len(seq) - 1)  # [k+1, V]
-    num_accepted, next_token = accept_block(block, target_logits, sampling, rng)
-    synchronize(verifier.device)
-    verify_s = time.perf_counter() - verify_start
-    committed = block.tokens[:num_accepted] + [next_token]
-    if drafter is not None:
-        # Positions up to the last accepted draft stay valid; the new last token is not fed yet.
-        drafter.rollback(len(seq) + num_accepted)
-    record = StepRecord(len(block.tokens), num_accepted, block.elapsed_s, verify_s, block.modeled_s)
-    return committed, record
+def step_length(k: int, produced: int, max_new_tokens: int) -> int:
+    """Drafts for the next step: k, but never more than the tokens still missing minus the bonus token."""
+    return max(0, min(k, max_new_tokens - produced - 1))
+
+
+def max_seq_len(prompt_len: int, max_new_tokens: int, k: int) -> int:
+    """Cache positions one generation needs: the last verify may feed k tokens past the end."""
+    return prompt_len + max_new_tokens + k + 1
 
 
 def check_lengths(prompt_ids: list[int], max_new_tokens: int, draft_length: int, limit: int) -> None:
@@ -134,8 +212,40 @@ def check_lengths(prompt_ids: list[int], max_new_tokens: int, draft_length: int,
         )
 
 
+def decode(
+    step: Step,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    *,
+    k: int,
+    eos_ids: tuple[int, ...] | list[int] = (),
+    context_limit: int,
+    next_k: object = None,
+) -> GenerationResult:
+    """The decoding loop: prefill, then steps of at most k drafts until EOS or max_new_tokens.
+
+    `next_k` (optional) is an adaptive policy with `.k` and `.update(num_drafted, num_accepted)`: the next
+    step's draft length follows it instead of the fixed k (which is then its upper bound)."""
+    check_lengths(prompt_ids, max_new_tokens, k, context_limit)
+    start = time.perf_counter()
+    step.prefill(prompt_ids, max_seq_len(len(prompt_ids), max_new_tokens, k))
+    synchronize(step.device)
+    result = GenerationResult(tokens=[], prefill_s=time.perf_counter() - start)
+    seq, eos = list(prompt_ids), set(eos_ids)
+    decode_start = time.perf_counter()
+    while len(result.tokens) < max_new_tokens and not result.hit_eos:
+        planned = min(next_k.k, k) if next_k is not None else k
+        outcome = step(seq, step_length(planned, len(result.tokens), max_new_tokens))
+        result.steps.append(outcome.record())
+        if next_k is not None:
+            next_k.update(len(outcome.block.tokens), outcome.num_accepted)
+        seq += result.commit(outcome.committed, eos, max_new_tokens)
+    result.decode_s = time.perf_counter() - decode_start
+    return result
+
+
 def generate(
-    verifier: TorchVerifier,
+    verifier: Verifier,
     prompt_ids: list[int],
     max_new_tokens: int,
     *,
@@ -145,25 +255,8 @@ def generate(
     drafter: Drafter | None = None,
     draft_length: int = 4,
 ) -> GenerationResult:
-    """Generate up to max_new_tokens after prompt_ids; speculative when a drafter is given."""
+    """Generate up to max_new_tokens after prompt_ids on the host step; speculative when a drafter is given."""
     k = draft_length if drafter is not None else 0
-    check_lengths(prompt_ids, max_new_tokens, k, verifier.model.config.max_position_embeddings)
-    rng = torch.Generator().manual_seed(seed)
-    max_seq_len = len(prompt_ids) + max_new_tokens + k + 1  # the last verify may feed k tokens past the end
-    start = time.perf_counter()
-    verifier.prefill(prompt_ids, max_seq_len)
-    if drafter is not None:
-        drafter.prefill(prompt_ids, max_seq_len)
-    synchronize(verifier.device)
-    result = GenerationResult(tokens=[], prefill_s=time.perf_counter() - start)
-    seq, eos = list(prompt_ids), set(eos_ids)
-    decode_start = time.perf_counter()
-    while len(result.tokens) < max_new_tokens:
-        step_k = min(k, max_new_tokens - len(result.tokens) - 1)
-        committed, record = speculative_step(verifier, drafter, seq, step_k, sampling, rng)
-        result.steps.append(record)
-        seq += result.commit(committed, eos)
-        if result.hit_eos:
-            break
-    result.decode_s = time.perf_counter() - decode_start
-    return result
+    step = HostStep(verifier, drafter, sampling, torch.Generator().manual_seed(seed))
+    return decode(step, prompt_ids, max_new_tokens, k=k, eos_ids=eos_ids,
+                  context_limit=verifier.model.config.max_position_embeddings)

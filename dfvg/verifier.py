@@ -1,6 +1,7 @@
-"""The target side of speculative decoding: prefill the prompt, then score k+1 positions per step.
+"""The target side of speculative decoding: prefill the prompt, then verify a draft block per step.
 
-`TorchVerifier` runs DFVG's own `Transformer` eagerly on any torch device. The target's cache holds every
+`Verifier` is the interface the engine's step calls; `TorchVerifier` runs DFVG's own `Transformer` eagerly
+on any torch device (`dfvg.gpu.graphs.GraphVerifier` is the CUDA-graph implementation). The target's cache holds every
 committed token except the last one; each `score` call feeds that last token followed by the draft block,
 at absolute positions, so a rejection needs no rollback call: the next `score` starts at the first
 rejected position and overwrites it.
@@ -8,10 +9,29 @@ rejected position and overwrites it.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor
 
+from dfvg.acceptance import accept_block
+from dfvg.devices import synchronize
+from dfvg.drafter import DraftBlock
 from dfvg.model import Transformer
+from dfvg.sampling import SamplingParams
+
+
+class Verifier(Protocol):
+    model: Transformer
+    device: torch.device
+    vocab_size: int
+
+    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None: ...
+
+    def score(self, tokens: list[int], start_pos: int) -> Tensor: ...
+
+    def verify(self, seq: list[int], block: DraftBlock, sampling: SamplingParams,
+               rng: torch.Generator) -> tuple[int, int]: ...
 
 
 class TorchVerifier:
@@ -32,3 +52,17 @@ class TorchVerifier:
     def score(self, tokens: list[int], start_pos: int) -> Tensor:
         """Logits [len(tokens), V] of the token after each of `tokens`."""
         return self.model.feed(tokens, start_pos)
+
+    def verify(self, seq: list[int], block: DraftBlock, sampling: SamplingParams,
+               rng: torch.Generator) -> tuple[int, int]:
+        """Score [last committed, *drafts] at their positions and accept: (drafts accepted, next token)."""
+        return verify_on_host(self, seq, block, sampling, rng)
+
+
+def verify_on_host(verifier: Verifier, seq: list[int], block: DraftBlock, sampling: SamplingParams,
+                   rng: torch.Generator) -> tuple[int, int]:
+    """The general verify: target logits [k+1, V] come back and `accept_block` decides (any sampling)."""
+    target_logits = verifier.score([seq[-1], *block.tokens], start_pos=len(seq) - 1)  # [k+1, V]
+    outcome = accept_block(block.tokens, block.probs, target_logits, sampling, rng)
+    synchronize(verifier.device)
+    return outcome

@@ -83,7 +83,6 @@ BAD_CASES = {
     "bad-top-p": (["--target", "{target}", "--no-draft", "--top-p", "0"], "top_p"),
     "no-draft-given": (["--target", "{target}"], "--draft"),
     "bad-draft-length": (["--target", "{target}", "--draft", "{target}", "--draft-length", "0"], "draft-length"),
-    "graphs-on-cpu": (["--target", "{target}", "--no-draft", "--graphs"], "--graphs needs"),
     "bad-max-new": (["--target", "{target}", "--no-draft", "--max-new-tokens", "0"], "max_new_tokens"),
 }
 

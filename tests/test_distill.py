@@ -150,9 +150,9 @@ def test_saved_draft_loads_and_decoding_stays_lossless(distilled, setup, k):
 
 
 def test_graph_paths_map_head_rows_to_token_ids(distilled, setup):
-    """GraphDrafter and the fused FastGreedy step (CPU replays of the CUDA-graph bodies) draft the same
+    """GraphDrafter and the fused device step (CPU replays of the CUDA-graph bodies) draft the same
     token ids as TorchDrafter: a head row is mapped back through head_token_ids, not used as an id."""
-    from dfvg.gpu.fast import FastGreedy
+    from dfvg.engine import Engine
     from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
 
     target_model, draft_model = load_model(setup / "target"), load_model(distilled[0])
@@ -165,7 +165,7 @@ def test_graph_paths_map_head_rows_to_token_ids(distilled, setup):
         got = generate(graph_verifier, prompt, 30, drafter=graph_drafter, draft_length=4)
         assert got.tokens == want.tokens
         assert [s.num_accepted for s in got.steps] == [s.num_accepted for s in want.steps]
-        fast = FastGreedy(graph_verifier, graph_drafter, 4).generate(prompt, 30)
+        fast = Engine(graph_verifier).decode(graph_drafter, prompt, 30, k=4)
         assert fast.tokens == want.tokens and fast.stats()["num_accepted_tokens"] > 0
         block = graph_drafter.propose(prompt, 4, SamplingParams(), None)
         assert set(block.tokens) <= allowed

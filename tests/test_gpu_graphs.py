@@ -8,8 +8,8 @@ import torch
 
 from dfvg.checkpoint import config_from_dict, convert_state_dict
 from dfvg.drafter import TorchDrafter
+from dfvg.engine import Engine
 from dfvg.generate import generate
-from dfvg.gpu.fast import FastGreedy
 from dfvg.gpu.graphs import GraphDrafter, GraphModel, GraphVerifier, graph_prefill
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
@@ -63,27 +63,27 @@ def pair():
 
 
 @pytest.mark.parametrize("k,self_draft", [(0, False), (3, False), (4, True)])
-def test_fast_greedy_equals_reference_loop(pair, k, self_draft):
+def test_device_step_equals_host_step(pair, k, self_draft):
     target, draft = pair
     verifier = GraphVerifier(target, compile_blocks=False, cache_len=96)
     drafter = GraphDrafter(target if self_draft else draft, 96, compile_blocks=False, cache_len=96) if k else None
-    fast = FastGreedy(verifier, drafter, k)
+    engine = Engine(verifier)
     for length in (2, 7, 1):
         ids = torch.randint(2, 96, (length,)).tolist()
         want = generate(TorchVerifier(target), ids, 25).tokens
-        result = fast.generate(ids, 25)
+        result = engine.decode(drafter, ids, 25, k=k)
         assert result.tokens == want
         if self_draft:
             assert result.stats()["acceptance_rate"] == 1.0  # the drafter is the target: all accepted
 
 
-def test_fast_greedy_stops_at_eos(pair):
+def test_device_step_stops_at_eos(pair):
     target, draft = pair
     ids = [5, 9, 11]
     free = generate(TorchVerifier(target), ids, 20).tokens
     eos = free[6]
-    fast = FastGreedy(GraphVerifier(target, False, 64), GraphDrafter(draft, 96, False, 64), 3)
-    got = fast.generate(ids, 20, eos_ids=[eos])
+    engine = Engine(GraphVerifier(target, False, 64))
+    got = engine.decode(GraphDrafter(draft, 96, False, 64), ids, 20, k=3, eos_ids=[eos])
     assert got.tokens == free[: free.index(eos) + 1] and got.stopped_by == "eos"
 
 
@@ -110,12 +110,12 @@ def test_cuda_graphs_match_eager_on_gpu(compile_blocks):
     draft = tiny("qwen2", 2, device="cuda", num_hidden_layers=1, hidden_size=32, intermediate_size=48)
     verifier = GraphVerifier(target, compile_blocks, 128)
     drafter = GraphDrafter(draft, 96, compile_blocks, 128)
+    engine = Engine(verifier)
     for k in (0, 4):
-        fast = FastGreedy(verifier, drafter if k else None, k)
         for length in (3, 17):
             ids = torch.randint(2, 96, (length,)).tolist()
             want = generate(TorchVerifier(target), ids, 30).tokens
-            assert fast.generate(ids, 30).tokens == want
+            assert engine.decode(drafter if k else None, ids, 30, k=k).tokens == want
     ids = [4, 5, 6, 7]
     loop = generate(verifier, ids, 30, drafter=drafter, draft_length=3).tokens
     assert loop == generate(TorchVerifier(target), ids, 30).tokens

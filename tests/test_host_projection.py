@@ -94,7 +94,7 @@ def test_fpga_drafter_run_projects_onto_its_board(tiny_pair, tmp_path, mode):
     """A real (emulated) FPGA drafter through the pipeline: lossless, every draft event carries its modeled
     board time, and the projection is `modeled`, built from exactly those times."""
     from dfvg.checkpoint import load_model
-    from dfvg.drafter import make_drafter
+    from dfvg.engine import make_drafter
     from dfvg.generate import generate
     from dfvg.host.pipeline import run_pipeline
     from dfvg.verifier import TorchVerifier

@@ -1,17 +1,19 @@
-"""Greedy decoding with the whole step on the device: one graph replay and one small copy per step.
+"""Greedy steps on the device: one graph replay and one small copy per step.
 
-Why: `dfvg.generate` is the reference loop — readable, any sampling, any drafter — but each step crosses
-to the host several times (draft tokens out, logits through `accept`). Here a speculative step is one CUDA
-graph: k draft steps (catch-up on the last two committed tokens, then k-1 single tokens), the (k+1)-token
-verify, fused greedy acceptance (`dfvg.gpu.kernels.greedy_accept`) and the update of the device-resident
-state [prev_token, last_token, last_pos]. The host then copies k+2 integers back — the one sync
-acceptance needs — commits them, and checks EOS and the length. Plain decoding is the k = 0 case (one
-target step per replay).
+Why: the host step (`dfvg.generate.HostStep`) crosses to the host several times per step (draft tokens out,
+logits through acceptance). Here those crossings become graph replays whose only output is a few integers:
+- `DeviceStep` runs the whole step as one CUDA graph: k draft steps of a GPU draft (catch-up on the last
+  two committed tokens, then k-1 single tokens), the (k+1)-token verify, fused greedy acceptance
+  (`dfvg.gpu.kernels.greedy_accept`) and the update of the device-resident state
+  [prev_token, last_token, last_pos]. The host copies k+2 integers back - the one sync acceptance needs.
+  Plain decoding is its k = 0 case (one target step per replay).
+- `dfvg.gpu.graphs.verify_greedy` is the verify-and-accept half alone, for drafts made elsewhere (the FPGA datapath, an
+  XRT board, a CPU draft): the drafts go into the same captured verify + acceptance that `DeviceStep` runs,
+  so every greedy GPU verification costs the same, whoever drafted.
 
-Greedy output equals the reference loop's up to bf16 rounding: the graph's kernels (compiled blocks,
-float32 attention) round differently than eager SDPA, so a near-tie may flip; the benchmark reports the
-token-match rate. Stats differ in one place: every step drafts k (the reference drafts fewer in the last
-step), and committed tokens past max_new_tokens are dropped.
+Both are steps of the engine's one loop (`dfvg.generate.decode`). `DeviceStep` always drafts k: the graph
+has one shape, and tokens committed past max_new_tokens are cut by the loop. Greedy output equals the host
+step's up to bf16 rounding on a GPU (a near-tie may flip); on a CPU (tests) the same bodies run eagerly.
 """
 
 from __future__ import annotations
@@ -21,11 +23,10 @@ import time
 import torch
 from torch import Tensor
 
-from dfvg.devices import synchronize
-from dfvg.generate import GenerationResult, check_lengths, generate
+from dfvg.drafter import DraftBlock
+from dfvg.generate import Outcome
 from dfvg.gpu.graphs import GraphDrafter, GraphModel, GraphVerifier, draft_body
 from dfvg.gpu.kernels import greedy_accept
-from dfvg.stats import StepRecord
 
 
 def step_body(target: GraphModel, drafter: GraphModel | None, state: Tensor, drafts: Tensor,
@@ -44,22 +45,23 @@ def step_body(target: GraphModel, drafter: GraphModel | None, state: Tensor, dra
     return record
 
 
-class FastGreedy:
-    """Captured greedy step for one (verifier, drafter, k); reused across prompts."""
+class DeviceStep:
+    """The engine's step for a graph verifier and a graph drafter (or none): one replay, k+2 ints back."""
 
     def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | None, k: int):
         self.verifier, self.drafter = verifier, drafter
+        self.device = verifier.device
         self.k = k if drafter is not None else 0
         self.graph = None
+        self._cache_ids: tuple = ()
 
     def _capture(self) -> None:
         target = self.verifier.gm
         draft = self.drafter.gm if self.drafter is not None else None
-        device = target.device
         scratch = min(target.scratch_pos, draft.scratch_pos if draft else target.scratch_pos)
-        self.state = torch.zeros(3, dtype=torch.long, device=device)
-        self.drafts = torch.zeros(self.k, dtype=torch.long, device=device)
-        self.record = torch.zeros(self.k + 2, dtype=torch.long, device=device)
+        self.state = torch.zeros(3, dtype=torch.long, device=self.device)
+        self.drafts = torch.zeros(self.k, dtype=torch.long, device=self.device)
+        self.record = torch.zeros(self.k + 2, dtype=torch.long, device=self.device)
         vocab = self.verifier.vocab_size
 
         def reset() -> None:
@@ -74,37 +76,25 @@ class FastGreedy:
         gms = [self.verifier.gm] + ([self.drafter.gm] if self.drafter is not None else [])
         return tuple(gm._cache_id for gm in gms)
 
-    def prefill(self, prompt_ids: list[int], max_new_tokens: int) -> None:
-        max_seq_len = len(prompt_ids) + max_new_tokens + self.k + 1
+    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
+        """Both caches take the prompt; the graph is captured on first use (or after a cache reallocation)."""
+        if len(prompt_ids) < 2 and self.k:
+            raise ValueError("DeviceStep drafts from the token before the last one: use HostStep for 1-token prompts")
         self.verifier.prefill(prompt_ids, max_seq_len)
         if self.drafter is not None:
             self.drafter.prefill(prompt_ids, max_seq_len)
         if self.graph is None or self._cache_ids != self._cache_key():
             self._capture()
-        length = len(prompt_ids)
-        self.state.copy_(torch.tensor([prompt_ids[-2], prompt_ids[-1], length - 1]))
+        self.state.copy_(torch.tensor([prompt_ids[max(len(prompt_ids) - 2, 0)], prompt_ids[-1], len(prompt_ids) - 1]))
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids=()) -> GenerationResult:
-        """Greedy generation; EOS kept and stops, as `dfvg.generate.generate` does."""
-        check_lengths(prompt_ids, max_new_tokens, self.k, self.verifier.model.config.max_position_embeddings)
-        if len(prompt_ids) < 2:  # the device step needs a token before the last one
-            return generate(self.verifier, prompt_ids, max_new_tokens, eos_ids=eos_ids, drafter=self.drafter,
-                            draft_length=self.k)
+    def __call__(self, seq: list[int], k: int) -> Outcome:
         start = time.perf_counter()
-        self.prefill(prompt_ids, max_new_tokens)
-        synchronize(self.verifier.device)
-        result = GenerationResult(tokens=[], prefill_s=time.perf_counter() - start)
-        eos = set(eos_ids)
-        decode_start = step_start = time.perf_counter()
-        while len(result.tokens) < max_new_tokens:
-            self.graph.replay()
-            num, nxt, *drafts = self.record.tolist()  # the step's one device-to-host copy
-            now = time.perf_counter()
-            result.steps.append(StepRecord(self.k, num, 0.0, now - step_start, None))
-            step_start = now
-            committed = (drafts[:num] + [nxt])[: max_new_tokens - len(result.tokens)]
-            result.commit(committed, eos)
-            if result.hit_eos:
-                break
-        result.decode_s = time.perf_counter() - decode_start
-        return result
+        self.graph.replay()
+        num, nxt, *drafts = self.record.tolist()  # the step's one device-to-host copy
+        return Outcome(DraftBlock(drafts, None, 0.0), num, nxt, time.perf_counter() - start)
+
+
+def fits_device_step(verifier: object, drafter: object, prompt_len: int) -> bool:
+    """Whether `DeviceStep` can run this generation: graph models only, and a token before the last one."""
+    graph_drafter = drafter is None or isinstance(drafter, GraphDrafter)
+    return isinstance(verifier, GraphVerifier) and graph_drafter and prompt_len >= 2

@@ -24,8 +24,10 @@ from torch import Tensor
 
 from dfvg.drafter import DraftBlock, TorchDrafter
 from dfvg.gpu import fused
+from dfvg.gpu.kernels import greedy_accept
 from dfvg.model import Transformer, apply_rope
 from dfvg.sampling import SamplingParams
+from dfvg.verifier import verify_on_host
 
 SCRATCH = 32  # cache slots at the end reserved for warm-up and capture
 
@@ -279,6 +281,20 @@ class GraphVerifier:
             return self.gm.forward(ids, torch.arange(start_pos, start_pos + len(tokens), device=self.device))
         return runner.run(tokens, start_pos)[: len(tokens)]
 
+    def verify(self, seq: list[int], block: DraftBlock, sampling: SamplingParams,
+               rng: torch.Generator) -> tuple[int, int]:
+        """Greedy one-hot drafts: the captured verify + acceptance (two ints back); else logits to the host."""
+        if sampling.greedy and block.probs is None:
+            outcome = verify_greedy(self, seq, block.tokens)
+            if outcome is not None:
+                return outcome
+        return verify_on_host(self, seq, block, sampling, rng)
+
+    def prepare(self, max_rows: int) -> None:
+        """Capture the verify-and-accept graphs for 1..max_rows rows now (a warm-up, not a prompt's time)."""
+        for rows in range(1, min(max_rows, SCRATCH) + 1):
+            verify_greedy(self, [0], [0] * (rows - 1))
+
 
 class GraphDrafter:
     """Draft model on CUDA: greedy drafting replays one graph of all k steps; sampling runs eagerly."""
@@ -352,3 +368,30 @@ def draft_graph(gm: GraphModel, k: int, vocab: int) -> _DraftGraph:
         graph = _DraftGraph(gm, k, vocab)
         gm.graphs[("draft-runner", k)] = graph
     return graph
+
+
+class _VerifyGraph:
+    """Static [last, *drafts] ids and positions of T = k+1 rows, and the graph of verify + greedy acceptance."""
+
+    def __init__(self, gm: GraphModel, rows: int):
+        self.ids = torch.zeros(1, rows, dtype=torch.long, device=gm.device)
+        self.pos = torch.arange(gm.scratch_pos, gm.scratch_pos + rows, device=gm.device)
+        body = lambda: greedy_accept(gm.forward(self.ids, self.pos), self.ids[0, 1:])  # noqa: E731
+        self.graph, self.out = gm.capture(("verify-accept", rows), body)
+
+
+def verify_greedy(verifier: GraphVerifier, seq: list[int], drafts: list[int]) -> tuple[int, int] | None:
+    """(drafts accepted, next token) from the captured verify + acceptance, fed with drafts made anywhere
+    (FPGA datapath, board, CPU); None where no graph fits (eager scoring then)."""
+    gm, rows, start = verifier.gm, len(drafts) + 1, len(seq) - 1
+    if rows > SCRATCH or start + rows > gm.scratch_pos:
+        return None
+    runner = gm.graphs.get(("verify-accept-runner", rows))
+    if runner is None:
+        runner = gm.graphs[("verify-accept-runner", rows)] = _VerifyGraph(gm, rows)
+    runner.ids.copy_(torch.tensor([[seq[-1], *drafts]], dtype=torch.long))
+    runner.pos.copy_(torch.arange(start, start + rows))
+    runner.graph.replay()
+    out = runner.out if runner.out is not None else runner.graph.out
+    num, nxt = out[:2].tolist()  # the one device-to-host copy
+    return num, nxt

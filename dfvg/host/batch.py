@@ -3,7 +3,7 @@
 Owns the batch loop. Each active sequence drafts its own block (its own drafter, its own draft length when
 it is near its end), then the target scores every active row in one forward: row b feeds
 [last committed, *block_b] at its own absolute positions (input_pos [B, T]) and is right-padded to the
-longest row. The acceptance rule (dfvg.generate.accept_block) then runs per row, so rows accept different
+longest row. The acceptance rule (dfvg.acceptance.accept_block) then runs per row, so rows accept different
 numbers of tokens and each stays exactly as lossless as single-sequence decoding.
 
 Why the padding is harmless (dfvg/model.py semantics): K/V of a token is written at its position, and a query
@@ -26,10 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
+from dfvg.acceptance import accept_block
 from dfvg.devices import synchronize
 from dfvg.drafter import DraftBlock, Drafter
 from dfvg.errors import UserError
-from dfvg.generate import GREEDY, GenerationResult, accept_block, check_lengths, propose
+from dfvg.generate import GREEDY, GenerationResult, check_lengths, propose
 from dfvg.host.timeline import Timeline
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
@@ -99,7 +100,7 @@ def commit_row(row: Row, block: DraftBlock, num_accepted: int, next_token: int, 
     committed = block.tokens[:num_accepted] + [next_token]
     row.drafter.rollback(len(row.seq) + num_accepted)  # the engine's contract, as in dfvg.generate
     row.result.steps.append(StepRecord(len(block.tokens), num_accepted, block.elapsed_s, verify_s, block.modeled_s))
-    row.seq += row.result.commit(committed, eos)
+    row.seq += row.result.commit(committed, eos, max_new_tokens)
     row.done = row.result.hit_eos or len(row.result.tokens) >= max_new_tokens
 
 
@@ -117,7 +118,7 @@ def batch_step(verifier: TorchVerifier, rows: list[Row], k: int, sampling: Sampl
     synchronize(verifier.device)
     scored = timeline.now()
     timeline.record("verify", str(verifier.device), start, scored, sum(len(b.tokens) + 1 for b in blocks), step)
-    outcomes = [accept_block(b, logits[i, : len(b.tokens) + 1], sampling, row.rng)
+    outcomes = [accept_block(b.tokens, b.probs, logits[i, : len(b.tokens) + 1], sampling, row.rng)
                 for i, (row, b) in enumerate(zip(rows, blocks, strict=True))]
     end = timeline.now()
     timeline.record("accept", str(verifier.device), scored, end, sum(a + 1 for a, _ in outcomes), step)

@@ -6,7 +6,7 @@ draft-length options. Every key is checked against this machine: a `cuda:N` that
 without its xclbin file, an unknown key, each is refused with one line naming the key and what is allowed.
 
 Does not own: model paths and experiment knobs (`dfvg.host.experiment_config`), building drafters
-(`dfvg.drafter.make_drafter`), the adaptive policy itself (`dfvg.host.adaptive`).
+(`dfvg.engine.make_drafter`), the adaptive policy itself (`dfvg.host.adaptive`).
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ class ExperimentConfig:
     seed: int = 0
     num_runs: int = 1
     warmup: bool = True
+    eager: bool = False  # CUDA: the eager torch step instead of CUDA graphs + fused layers (debugging)
     variants: tuple[str, ...] = ("baseline", "speculative")
     cpu_watts_per_core: float | None = None
     threads: int | None = None
@@ -136,7 +137,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "draft_length_sweep": _int_list, "draft_params": _text, "batch_size": _int(1),
     "devices": _mapping_or_path, "device_config": _text, "dtype": _choice(DTYPES),
     "temperature": _float(0.0, 100.0), "top_k": _int(0), "top_p": _float(0.0, 1.0, low_open=True),
-    "seed": _int(0), "num_runs": _int(1), "warmup": _bool, "variants": _variants,
+    "seed": _int(0), "num_runs": _int(1), "warmup": _bool, "eager": _bool, "variants": _variants,
     "cpu_watts_per_core": _optional(_float(0.0, 1000.0, low_open=True)), "threads": _optional(_int(1)),
     "output_dir": _text,
 }

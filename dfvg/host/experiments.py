@@ -1,27 +1,26 @@
 """Running an experiment config: every variant on every prompt, repeated, metered, then the reports.
 
 Owns: the order of work (each repetition takes the prompts group by group and runs every variant on the
-group before the next, so load bursts on a shared machine hit all variants alike), warm-up, which decoder
-runs each variant (the host runtime's `run_pipeline` / `run_batch` when installed, the engine's `generate`
-otherwise), the board projection of FPGA drafts, energy metering per variant and prompt group, the
-progress bar, and handing a `RunResults` to `dfvg.reports.write_run_reports`.
+group before the next, so load bursts on a shared machine hit all variants alike), warm-up (graph capture
+and compilation, once per process, reported as `warmup_s`), which engine step each variant gets (through
+`dfvg.engine.Engine.decode`, batches through `run_batch`), the board projection of FPGA drafts, energy
+metering per variant and prompt group, the progress bar, and handing a `RunResults` to
+`dfvg.reports.write_run_reports`. Each model is loaded once for the whole run.
 
 Variants: `baseline` (the target alone, autoregressive, measured in this same process), `speculative`
 (sync, float draft on the draft device), `fpga` (sync, the bit-exact FPGA datapath emulated here, with
 board-modeled draft times), `overlap` (draft and verify overlapped by the host runtime), `adaptive`
 (overlap with the runtime's adaptive draft length), `sweep` (sync speculative at each draft length).
 
-Does not own: the config format (`experiment_config`), the decoding loops (`dfvg.generate`,
-`dfvg.host.pipeline`), report formats (`dfvg.reports`).
+Does not own: the config format (`experiment_config`), the decoding loop and its steps (`dfvg.generate`,
+`dfvg.engine`, `dfvg.host.pipeline`), report formats (`dfvg.reports`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import resource
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,20 +29,26 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from dfvg.checkpoint import load_config, load_model, resolve_dtype
+from dfvg import reports
+from dfvg.checkpoint import load_config, resolve_dtype
 from dfvg.datasets import load_prompts
 from dfvg.devices import resolve_device
-from dfvg.drafter import make_drafter
 from dfvg.energy import EnergyMeter, Nvml
-from dfvg.generate import GenerationResult, generate
+from dfvg.engine import Engine, load_verifier, make_drafter
+from dfvg.fpga.boards import get_board
+from dfvg.fpga.latency import DesignParams, DraftWorkload
+from dfvg.generate import GenerationResult
+from dfvg.host.adaptive import AdaptiveDraftLength
+from dfvg.host.batch import run_batch
 from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, FpgaConfig, load_device_config
 from dfvg.host.experiment_config import ExperimentConfig, load_experiment_config
+from dfvg.host.projection import modeled_prefill_s, project_times
+from dfvg.host.timeline import Timeline
 from dfvg.reports.records import Generation, RunResults, VariantResult
 from dfvg.sampling import SamplingParams
 from dfvg.stats import Metric
 from dfvg.tokenizer import check_compatible, encode, eos_token_ids, load_tokenizer
 from dfvg.tokenizer import decode as decode_text
-from dfvg.verifier import TorchVerifier
 
 DESCRIPTIONS = {
     "baseline": "target alone, autoregressive (measured in the same run)",
@@ -80,13 +85,13 @@ def plans(cfg: ExperimentConfig) -> list[Plan]:
 
 @dataclass
 class Context:
-    """Loaded models, encoded prompts and the optional runtime parts one experiment uses."""
+    """Loaded models and encoded prompts of one experiment."""
 
     cfg: ExperimentConfig
     nvml: Nvml
     tokenizer: Any
     prompts: list[dict]  # {"id", "prompt", "ids"}
-    verifier: TorchVerifier
+    engine: Engine
     eos_ids: list[int]
     sampling: SamplingParams
     draft_device: str
@@ -94,30 +99,17 @@ class Context:
     devices: DeviceConfig | None = None
     torch_drafter: Any = None
     fpga_drafter: Any = None
-    fpga_error: str = ""
     fpga_power: Metric | None = None
     board: Any = None
     fpga_workload: Any = None
     fpga_design: Any = None
-    pipeline: Callable | None = None
-    timeline_cls: Any = None
-    adaptive_factory: Callable | None = None
-    batch: Callable | None = None
-    projector: Callable | None = None
     dtype: torch.dtype = torch.float32
+    warmup_s: float = 0.0
     batch_drafters: dict = field(default_factory=dict)  # drafter kind -> one drafter per batch row
     notes: list[str] = field(default_factory=list)
 
     def detokenize(self, tokens: list[int]) -> str:
         return decode_text(self.tokenizer, tokens)
-
-
-def optional(module: str, name: str) -> Any:
-    """An attribute of a host-runtime module that may not be written yet (None when absent)."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
 
 
 def fpga_options(devices: DeviceConfig) -> dict:
@@ -132,18 +124,12 @@ def load_prompts_ids(cfg: ExperimentConfig, tokenizer: Any) -> list[dict]:
 
 
 def load_fpga(cfg: ExperimentConfig, ctx: Context, dtype: torch.dtype, options: dict) -> None:
-    """The FPGA drafter, its board and the resource-estimate inputs (or why they are missing)."""
-    from dfvg.fpga.boards import get_board
-    from dfvg.fpga.latency import DesignParams, DraftWorkload
-
+    """The FPGA drafter (when a variant drafts on it), its board and the resource-estimate inputs."""
     draft_cfg = load_config(cfg.draft_model)
     board_name = options.pop("board", "u280")
     if any(p.drafter == "fpga" for p in plans(cfg)):
-        if optional("dfvg.fpga.drafter", "FpgaDrafter") is None:
-            ctx.fpga_error = "dfvg.fpga.drafter (FpgaDrafter) is not installed yet"
-        else:
-            ctx.fpga_drafter = make_drafter(cfg.draft_model, "fpga", dtype, ctx.verifier.vocab_size,
-                                            board=board_name, **options)
+        ctx.fpga_drafter = make_drafter(cfg.draft_model, "fpga", dtype, ctx.engine.verifier.vocab_size,
+                                        board=board_name, **options)
     drafter = ctx.fpga_drafter
     ctx.board = getattr(drafter, "board", None) or get_board(board_name)
     ctx.fpga_design = getattr(drafter, "design", None) or DesignParams()
@@ -163,40 +149,38 @@ def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
     device = resolve_device(verify_device)
     dtype = resolve_dtype(cfg.dtype if cfg.dtype != "auto" else
                           ("bfloat16" if device.type == "cuda" else "float32"))
-    verifier = TorchVerifier(load_model(cfg.target_model, dtype=dtype, device=device))
-    ctx = Context(cfg, nvml, tokenizer, prompts, verifier, eos_token_ids(cfg.target_model),
+    engine = Engine(load_verifier(cfg.target_model, device, dtype, fast=not cfg.eager))
+    ctx = Context(cfg, nvml, tokenizer, prompts, engine, eos_token_ids(cfg.target_model),
                   SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p),
                   draft_device if draft_device != "fpga" else verify_device, verify_device, devices)
     if any(p.drafter == "torch" for p in plans(cfg)):
-        ctx.torch_drafter = make_drafter(cfg.draft_model, ctx.draft_device, dtype, verifier.vocab_size)
+        ctx.torch_drafter = make_drafter(cfg.draft_model, ctx.draft_device, dtype, engine.verifier.vocab_size,
+                                         fast=not cfg.eager)
     if cfg.draft_model is not None:
         load_fpga(cfg, ctx, dtype, fpga_options(devices))
-    ctx.pipeline = optional("dfvg.host.pipeline", "run_pipeline")
-    ctx.timeline_cls = optional("dfvg.host.timeline", "Timeline")
-    adaptive = optional("dfvg.host.adaptive", "AdaptiveDraftLength")
-    ctx.adaptive_factory = adaptive.from_config if adaptive is not None else None
-    ctx.batch = optional("dfvg.host.batch", "run_batch")
-    ctx.projector = optional("dfvg.host.projection", "project_times")
     ctx.dtype = dtype
     return ctx
 
 
+def drafter_of(plan: Plan, ctx: Context) -> Any:
+    return {"none": None, "torch": ctx.torch_drafter, "fpga": ctx.fpga_drafter}[plan.drafter]
+
+
 def decode(plan: Plan, ctx: Context, ids: list[int], seed: int,
            max_new_tokens: int | None = None) -> tuple[GenerationResult, list[dict]]:
-    """Decode one prompt the way the plan says; returns the result and its timeline events."""
-    drafter = {"none": None, "torch": ctx.torch_drafter, "fpga": ctx.fpga_drafter}[plan.drafter]
-    common = dict(eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=seed)
-    n = max_new_tokens or ctx.cfg.max_new_tokens
-    if drafter is not None and ctx.pipeline is not None and ctx.timeline_cls is not None:
-        timeline = ctx.timeline_cls()
-        adaptive = ctx.adaptive_factory(plan.draft_length, ctx.devices.adaptive or AdaptiveConfig()) \
-            if plan.adaptive else None
-        result = ctx.pipeline(ctx.verifier, drafter, ids, n, **common, draft_length=plan.draft_length,
-                              mode=plan.mode, adaptive=adaptive, timeline=timeline)
+    """Decode one prompt the way the plan says, through the engine; returns the result and its timeline."""
+    drafter = drafter_of(plan, ctx)
+    adaptive = AdaptiveDraftLength.from_config(plan.draft_length, ctx.devices.adaptive or AdaptiveConfig()) \
+        if plan.adaptive else None
+    timeline = Timeline()
+    mode = plan.mode if plan.mode != "ar" else "sync"
+    result = ctx.engine.decode(drafter, ids, max_new_tokens or ctx.cfg.max_new_tokens, k=plan.draft_length,
+                               eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=seed, mode=mode,
+                               timeline=timeline, adaptive=adaptive)
+    if timeline.events:
         return result, [event_dict(e) for e in timeline.events]
-    result = generate(ctx.verifier, ids, n, **common, drafter=drafter, draft_length=max(plan.draft_length, 1))
     draft_device = "fpga" if plan.drafter == "fpga" else ctx.draft_device
-    return result, step_timeline(result, draft_device, ctx.verify_device)
+    return result, step_timeline(result, draft_device, ctx.verify_device)  # a device step: one event per step
 
 
 def event_dict(event: Any) -> dict:
@@ -225,40 +209,28 @@ def project(plan: Plan, ctx: Context, result: GenerationResult, events: list[dic
             prompt_len: int) -> tuple[float | None, str, str]:
     """(seconds, source, provenance) end to end with the draft on the modeled board; FPGA drafts only.
 
-    dfvg.host.projection replays the schedule with each block's modeled time (the pipeline's events carry
-    it); without that module, sync runs swap the summed measured draft time for the summed modeled one."""
+    dfvg.host.projection replays the measured schedule with each block's modeled time (the events carry it)."""
     if plan.drafter != "fpga" or ctx.fpga_drafter is None:
         return None, "", ""
     d = ctx.fpga_drafter
-    if ctx.projector is None:
-        draft_s = sum(s.draft_s for s in result.steps)
-        modeled = sum(s.modeled_draft_s or 0.0 for s in result.steps)
-        return result.prefill_s + result.decode_s - draft_s + modeled, "measured end-to-end time with the " \
-            "measured (emulated) draft time replaced by the board-modeled one; prefill as measured", "modeled"
-    prefill = optional("dfvg.host.projection", "modeled_prefill_s")(d.workload, d.board, d.design, prompt_len)
+    prefill = modeled_prefill_s(d.workload, d.board, d.design, prompt_len)
     source = events if events and "modeled_s" in events[0] else result
-    m = ctx.projector(source, plan.mode, design=d.design, draft_prefill_s=prefill, board=d.board.name)
+    m = project_times(source, plan.mode, design=d.design, draft_prefill_s=prefill, board=d.board.name)
     return m["projected_s"].value, m["projected_s"].source, m["projected_s"].provenance
 
 
-def warm_up(plan: Plan, ctx: Context) -> None:
-    """A 2-token decode on a short prompt: first-touch of the weights and allocator warm-up."""
-    decode(plan, ctx, ctx.prompts[0]["ids"][:16], seed=0, max_new_tokens=min(3, ctx.cfg.max_new_tokens))
+def warm_up(plans_: list[Plan], ctx: Context) -> float:
+    """Capture/compile every graph the run replays and first-touch the weights, once; returns seconds."""
+    drafters = list({id(d): d for d in (drafter_of(p, ctx) for p in plans_)}.values())
+    ks = sorted({p.draft_length for p in plans_ if p.drafter != "none"} | {1})
+    longest = max(ctx.prompts, key=lambda p: len(p["ids"]))["ids"]
+    return ctx.engine.warm_up(drafters, longest, ks, ctx.cfg.max_new_tokens)
 
 
 def skip_reason(plan: Plan, ctx: Context) -> str | None:
-    """Why a variant cannot run here (a missing optional part), or None."""
-    if plan.drafter == "fpga" and ctx.fpga_error:
-        return ctx.fpga_error
-    if plan.mode == "overlap" and ctx.pipeline is None:
-        return "dfvg.host.pipeline (run_pipeline) is not installed yet"
-    if plan.adaptive and ctx.adaptive_factory is None:
-        return "dfvg.host.adaptive is not installed yet"
-    if ctx.cfg.batch_size > 1 and plan.drafter != "none":
-        if ctx.batch is None or ctx.timeline_cls is None:
-            return f"batch_size={ctx.cfg.batch_size} needs dfvg.host.batch (run_batch), not installed yet"
-        if plan.mode == "overlap":
-            return f"the overlap schedule decodes one sequence; batch_size={ctx.cfg.batch_size} runs sync only"
+    """Why a variant cannot run with this config, or None."""
+    if ctx.cfg.batch_size > 1 and plan.drafter != "none" and plan.mode == "overlap":
+        return f"the overlap schedule decodes one sequence; batch_size={ctx.cfg.batch_size} runs sync only"
     return None
 
 
@@ -300,10 +272,11 @@ def decode_batch(plan: Plan, ctx: Context, group: list[dict], first: int, run: i
     if kind not in ctx.batch_drafters:  # one drafter (its own KV cache) per row, made once
         device = "fpga" if kind == "fpga" else ctx.draft_device
         options = fpga_options(ctx.devices) if kind == "fpga" else {}
-        ctx.batch_drafters[kind] = [make_drafter(ctx.cfg.draft_model, device, ctx.dtype, ctx.verifier.vocab_size,
-                                                 **options) for _ in range(ctx.cfg.batch_size)]
-    timeline = ctx.timeline_cls()
-    results = ctx.batch(ctx.verifier, ctx.batch_drafters[kind][:len(group)], [p["ids"] for p in group],
+        ctx.batch_drafters[kind] = [make_drafter(ctx.cfg.draft_model, device, ctx.dtype,
+                                                 ctx.engine.verifier.vocab_size, fast=False, **options)
+                                    for _ in range(ctx.cfg.batch_size)]
+    timeline = Timeline()
+    results = run_batch(ctx.engine.verifier, ctx.batch_drafters[kind][:len(group)], [p["ids"] for p in group],
                         ctx.cfg.max_new_tokens, eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=ctx.cfg.seed + first,
                         draft_length=plan.draft_length, timeline=timeline)
     events = [event_dict(e) for e in timeline.events]
@@ -317,8 +290,7 @@ def execute(cfg: ExperimentConfig, ctx: Context) -> dict[str, VariantResult]:
     variants = {p.name: new_variant(p, ctx) for p in chosen}
     runnable = [p for p in chosen if variants[p.name].skipped is None]
     if cfg.warmup:
-        for plan in runnable:
-            warm_up(plan, ctx)
+        ctx.warmup_s = warm_up(runnable, ctx)
     total = cfg.num_runs * len(runnable) * len(ctx.prompts)
     with tqdm(total=total, desc=cfg.name, unit="gen", file=sys.stderr, dynamic_ncols=True) as bar:
         for run in range(cfg.num_runs):
@@ -344,8 +316,8 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
         finished_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         board=ctx.board, fpga_workload=ctx.fpga_workload, fpga_design=ctx.fpga_design,
         gpu_reason=nvml.reason, gpu_names=nvml.names,
-        peak_rss_b=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0, notes=ctx.notes)
-    reports = importlib.import_module("dfvg.reports")
+        peak_rss_b=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0, notes=ctx.notes,
+        warmup_s=ctx.warmup_s)
     run_dir = reports.write_run_reports(results, Path(output) if output else cfg.output_dir)
     print_summary(results, run_dir)
     return run_dir

@@ -22,6 +22,7 @@ from dfvg.reports.records import (
     record,
     tokens_per_second_by_run,
 )
+from dfvg.stats import Metric
 
 SCHEMA = "dfvg/performance_summary/v1"
 DEFINITIONS = {
@@ -125,6 +126,8 @@ def performance_summary(results: RunResults) -> dict:
         "schema": SCHEMA, "run_id": results.run_id, "target_model": str(cfg.target_model),
         "draft_model": str(cfg.draft_model) if cfg.draft_model else None, "dataset": cfg.dataset,
         "settings": settings(results), "definitions": DEFINITIONS,
+        "warmup_s": Metric(results.warmup_s, "s", "measured", "graph capture, compilation and first touch of "
+                           "every variant's shapes, once per process; outside every tokens/s").to_dict(),
         "variants": {v.name: variant_entry(v, baseline, base_tps) for v in results.ran()},
         "skipped": {v.name: v.skipped for v in results.variants.values() if v.skipped},
     }

@@ -97,6 +97,7 @@ class RunResults:
     gpu_names: list[str] = field(default_factory=list)
     peak_rss_b: float = 0.0
     notes: list[str] = field(default_factory=list)
+    warmup_s: float = 0.0  # graph capture / compilation and first touch, once per process, outside every tok/s
 
     @property
     def baseline(self) -> VariantResult:

@@ -1,0 +1,128 @@
+"""Which implementation runs under the engine's one loop, chosen once from the devices; warm-up apart.
+
+`dfvg generate`, `dfvg run` and the benchmarks load their models here and decode through `Engine.decode`,
+which always ends in `dfvg.generate.decode` with one of its steps:
+- on CUDA, unless `fast=False` (`--eager`): the target is a `GraphVerifier` (CUDA graphs, fused Triton
+  layers) and a GPU draft a `GraphDrafter`; a greedy sync run with such a pair (or no draft) is one
+  `DeviceStep` replay per step, and any other drafter (FPGA datapath, board, CPU) feeds its drafts to the
+  same captured verify-and-accept (`GraphVerifier.verify`);
+- otherwise the eager `TorchVerifier` / `TorchDrafter` under the `HostStep`;
+- the overlap schedule and the adaptive draft length are `dfvg.host.pipeline`'s steps, on either verifier.
+
+Graph capture and compilation happen once per process, in `warm_up`, which returns its seconds so reports
+show them as `warmup_s` and never inside a prompt's tokens per second.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from dfvg.checkpoint import load_model
+from dfvg.devices import resolve_device, synchronize
+from dfvg.drafter import Drafter, TorchDrafter
+from dfvg.fpga.drafter import FpgaDrafter
+from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
+from dfvg.gpu.fast import DeviceStep, fits_device_step
+from dfvg.gpu.graphs import SCRATCH, GraphDrafter, GraphVerifier
+from dfvg.host.adaptive import AdaptiveDraftLength
+from dfvg.host.pipeline import device_label, run_pipeline
+from dfvg.host.timeline import Timeline
+from dfvg.sampling import SamplingParams
+from dfvg.verifier import TorchVerifier, Verifier
+
+DEFAULT_CACHE_LEN = 1024  # graph caches hold at least this many positions, so graphs survive across prompts
+
+
+def uses_graphs(device: torch.device, fast: bool) -> bool:
+    return fast and device.type == "cuda"
+
+
+def load_verifier(target_dir: str | Path, device: torch.device, dtype: torch.dtype, fast: bool = True) -> Verifier:
+    """The target on `device`: CUDA graphs + fused layers on CUDA (unless fast=False), else eager."""
+    model = load_model(target_dir, dtype=dtype, device=device)
+    if uses_graphs(device, fast):
+        return GraphVerifier(model, cache_len=DEFAULT_CACHE_LEN)
+    return TorchVerifier(model)
+
+
+def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_vocab_size: int,
+                 fast: bool = True, **fpga_options) -> Drafter:
+    """The drafter for a device name: `fpga` (bit-exact integer datapath, or a board) or a torch device."""
+    if device == "fpga":
+        return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=target_vocab_size, **fpga_options)
+    torch_device = resolve_device(device)
+    model = load_model(draft_dir, dtype=dtype, device=torch_device)
+    if uses_graphs(torch_device, fast):
+        return GraphDrafter(model, target_vocab_size, cache_len=DEFAULT_CACHE_LEN)
+    return TorchDrafter(model, target_vocab_size)
+
+
+class Engine:
+    """One loaded target and the steps built on it; reused for every prompt, variant and repetition."""
+
+    def __init__(self, verifier: Verifier):
+        self.verifier = verifier
+        self.device_steps: dict[tuple, DeviceStep] = {}  # (drafter id, k) -> its captured step
+        self.drafters: list[Drafter] = []  # every drafter decoded with, to size their caches too
+
+    @property
+    def context_limit(self) -> int:
+        return self.verifier.model.config.max_position_embeddings
+
+    def reserve(self, positions: int) -> None:
+        """Size graph caches for `positions` up front, so no prompt of the run reallocates (and recaptures)."""
+        for holder in (self.verifier, *self.drafters):
+            if isinstance(holder, (GraphVerifier, GraphDrafter)):
+                holder.min_cache_len = max(holder.min_cache_len, positions)
+
+    def decode(self, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int, *, k: int,
+               eos_ids: tuple[int, ...] | list[int] = (), sampling: SamplingParams | None = None, seed: int = 0,
+               mode: str = "sync", timeline: Timeline | None = None,
+               adaptive: AdaptiveDraftLength | None = None) -> GenerationResult:
+        """One generation: the device step where it applies, else the host step or a pipeline schedule."""
+        sampling = sampling or SamplingParams()
+        k = k if drafter is not None else 0
+        self._remember(drafter)
+        if drafter is not None and (mode != "sync" or adaptive is not None):
+            return run_pipeline(self.verifier, drafter, prompt_ids, max_new_tokens, eos_ids=eos_ids,
+                                sampling=sampling, seed=seed, draft_length=k, mode=mode, adaptive=adaptive,
+                                timeline=timeline)
+        if sampling.greedy and fits_device_step(self.verifier, drafter, len(prompt_ids)):
+            step = self._device_step(drafter, k)
+        else:
+            label = device_label(drafter) if drafter is not None else ""
+            step = HostStep(self.verifier, drafter, sampling, torch.Generator().manual_seed(seed), timeline, label)
+        return decode(step, prompt_ids, max_new_tokens, k=k, eos_ids=eos_ids, context_limit=self.context_limit)
+
+    def _remember(self, drafter: Drafter | None) -> None:
+        if drafter is not None and all(d is not drafter for d in self.drafters):
+            self.drafters.append(drafter)
+
+    def _device_step(self, drafter: GraphDrafter | None, k: int) -> DeviceStep:
+        key = (id(drafter), k)
+        if key not in self.device_steps:
+            self.device_steps[key] = DeviceStep(self.verifier, drafter, k)
+        return self.device_steps[key]
+
+    def warm_up(self, drafters: list[Drafter | None], prompt_ids: list[int], k_values: list[int],
+                max_new_tokens: int) -> float:
+        """Capture and compile every graph the run will replay, on the run's own shapes; returns seconds.
+
+        A short generation per drafter and draft length captures the prefill chunk, the device step and
+        the draft graphs; `prepare` captures the verify-and-accept graph of every block length a host
+        step can send (the last steps of a generation draft fewer than k)."""
+        for drafter in drafters:
+            self._remember(drafter)
+        self.reserve(max_seq_len(len(prompt_ids), max_new_tokens, max(k_values, default=0)) + SCRATCH)
+        start = time.perf_counter()
+        warm_prompt = prompt_ids[: max(2, min(len(prompt_ids), 24))]
+        for drafter in drafters:
+            for k in k_values if drafter is not None else [0]:
+                self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2), k=k)
+        if isinstance(self.verifier, GraphVerifier):
+            self.verifier.prepare(max(k_values, default=0) + 1)
+        synchronize(self.verifier.device)
+        return time.perf_counter() - start
