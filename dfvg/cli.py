@@ -1,8 +1,10 @@
 """The `dfvg` command line (also `python -m dfvg`).
 
-`dfvg generate` loads a target and (optionally) a draft checkpoint and prints the generated text, or one
-JSON object with `--json`. `dfvg run --config FILE` runs an experiment config (the host runtime). A user
-mistake (`UserError`) is printed as one line on stderr with exit status 2, never as a traceback.
+`dfvg generate` loads a target and (optionally) a draft checkpoint and prints the generated text on stdout
+and one line of statistics on stderr (so `> file` keeps only the text), or one JSON object with `--json`.
+A `--prompt` goes through the target's chat template when it has one (`--raw-prompt`: plain text).
+`dfvg run --config FILE` runs an experiment config (the host runtime). A user mistake (`UserError`) is
+printed as one line on stderr with exit status 2, never as a traceback.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def add_generate_parser(commands) -> None:
     prompt = gen.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text")
     prompt.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
+    gen.add_argument("--raw-prompt", action="store_true",
+                     help="encode --prompt as plain text, not as the user message of the target's chat template")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--draft-length", type=int, default=4, help="k: draft tokens per verify step")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -46,7 +50,7 @@ def add_generate_parser(commands) -> None:
     gen.add_argument("--device", default="cpu", help="where the target verifies: cpu, cuda or cuda:N")
     gen.add_argument("--draft-device", help=DRAFT_DEVICE_HELP + " (default: --device)")
     gen.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding of the target")
-    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--json", action="store_true", help="print one JSON object (default: text, then a stats line)")
     gen.add_argument("--eager", action="store_true",
                      help="CUDA: run the eager torch step instead of CUDA graphs + fused layers (for debugging)")
     add_fpga_options(gen)
@@ -83,7 +87,7 @@ def run_generate(args: argparse.Namespace) -> dict:
     from dfvg.checkpoint import resolve_dtype
     from dfvg.devices import resolve_device
     from dfvg.sampling import SamplingParams
-    from dfvg.tokenizer import decode, encode, eos_token_ids, load_tokenizer
+    from dfvg.tokenizer import decode, encode_prompt, eos_token_ids, load_tokenizer
 
     if not args.no_draft and not args.draft:
         raise UserError("--draft DIR is required (or pass --no-draft for plain decoding)")
@@ -93,18 +97,37 @@ def run_generate(args: argparse.Namespace) -> dict:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     tokenizer = load_tokenizer(args.target)
+    chat = False
+    if args.prompt is not None:  # before loading weights: a broken chat template fails in a second, not minutes
+        prompt_ids, chat = encode_prompt(tokenizer, args.target, args.prompt, chat=not args.raw_prompt)
     engine, drafter = load_engine(args, device, dtype, tokenizer)
-    if args.prompt is not None:
-        prompt_ids = encode(tokenizer, args.prompt)
-    else:
+    if args.prompt is None:
         prompt_ids = parse_prompt_ids(args.prompt_ids, engine.verifier.vocab_size)
     k = 0 if drafter is None else args.draft_length
-    warmup_s = engine.warm_up([drafter], prompt_ids, [k], args.max_new_tokens) if prompt_ids else 0.0
+    warmup_s = engine.warm_up([drafter], prompt_ids, [k], args.max_new_tokens) if engine.captures else 0.0
     result = engine.decode(drafter, prompt_ids, args.max_new_tokens, k=k, eos_ids=eos_token_ids(args.target),
                            sampling=sampling, seed=args.seed)
     result.warmup_s = warmup_s
     return {"tokens": result.tokens, "text": decode(tokenizer, result.tokens), "prompt_tokens": prompt_ids,
-            "stats": result.stats()}
+            "chat_template": chat, "stats": result.stats()}
+
+
+def stats_line(stats: dict) -> str:
+    """The one human-readable line printed after the text (the full set is in --json's `stats`)."""
+    acceptance = f"{stats['acceptance_rate']:.3f}" if stats["num_draft_tokens"] else "n/a (no draft)"
+    return (f"[dfvg] {stats['num_new_tokens']} new tokens | {stats['tokens_per_second']:.2f} tok/s | "
+            f"acceptance rate {acceptance} | mean accepted length {stats['mean_accepted_length']:.2f} "
+            f"(bonus counted) | {stats['num_verify_steps']} verify steps"
+            + (f" | warm-up {stats['warmup_s']:.1f} s (graph capture, not in tok/s)" if stats["warmup_s"] else ""))
+
+
+def print_generation(payload: dict, as_json: bool) -> None:
+    """--json: one JSON object on stdout. Otherwise the text on stdout, then the stats line on stderr."""
+    if as_json:
+        print(json.dumps(payload))
+        return
+    print(payload["text"], flush=True)  # flushed first, so a terminal shows the text before the stats
+    print(stats_line(payload["stats"]), file=sys.stderr, flush=True)
 
 
 def load_engine(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, tokenizer):
@@ -133,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with torch.inference_mode():
             if args.command == "generate":
-                payload = run_generate(args)
-                print(json.dumps(payload) if args.json else payload["text"])
+                print_generation(run_generate(args), args.json)
             else:
                 run_config(args)
     except UserError as err:

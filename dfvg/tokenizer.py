@@ -1,4 +1,5 @@
-"""Tokenizer loading, EOS ids and the draft/target compatibility check.
+"""Tokenizer loading, prompt encoding (raw or through the chat template), EOS ids and the draft/target
+compatibility check.
 
 The engine works on token ids only; this module is the one place that turns text into ids and back. A draft
 can only propose tokens the target understands, so a draft whose vocabulary differs from the target's
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from dfvg.chat import find_chat_template, render_chat
 from dfvg.checkpoint import checkpoint_dir, read_json
 from dfvg.errors import UserError
 
@@ -56,11 +58,26 @@ def check_compatible(target: Tokenizer, draft: Tokenizer, draft_dir: str | Path)
         )
 
 
-def encode(tokenizer: Tokenizer, text: str) -> list[int]:
-    ids = tokenizer.encode(text).ids
+def encode(tokenizer: Tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
+    """Token ids of `text`; `add_special_tokens` lets the tokenizer's post-processor add e.g. Llama's BOS."""
+    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
     if not ids:
         raise UserError("the prompt encodes to zero tokens; give a non-empty prompt")
     return ids
+
+
+def encode_prompt(tokenizer: Tokenizer, checkpoint: str | Path, prompt: str,
+                  chat: bool = True) -> tuple[list[int], bool]:
+    """(prompt ids, whether the chat template was applied). With `chat` and a checkpoint that has a chat
+    template, `prompt` becomes the one user message of a rendered conversation; otherwise it is raw text.
+
+    The rendered text already holds every special token the template wants (BOS included), so it is encoded
+    without the post-processor's additions, as HF's `apply_chat_template` does.
+    """
+    template = find_chat_template(checkpoint) if chat else None
+    if template is None:
+        return encode(tokenizer, prompt), False
+    return encode(tokenizer, render_chat(template, prompt), add_special_tokens=False), True
 
 
 def decode(tokenizer: Tokenizer, ids: list[int]) -> str:

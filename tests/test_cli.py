@@ -31,7 +31,7 @@ def test_json_output_and_no_draft_equivalence(tiny_pair, capsys):
     for key in ("acceptance_rate", "mean_accepted_length", "num_verify_steps", "num_draft_tokens",
                 "num_accepted_tokens", "tokens_per_second"):
         assert key in spec["stats"]
-    assert spec["prompt_tokens"] == [5, 6, 7, 8]
+    assert spec["prompt_tokens"] == [5, 6, 7, 8] and spec["chat_template"] is False  # no template: raw text
     code, out, _ = run_cli(capsys, *base, "--no-draft")
     assert code == 0 and json.loads(out)["tokens"] == spec["tokens"]
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from dfvg import download
+from dfvg.chat import find_chat_template, render_chat
 from dfvg.pins import GgufPin
 
 gguf = pytest.importorskip("gguf")
@@ -23,6 +24,8 @@ pytest.importorskip("accelerate")
 
 D, FFN, HEADS, KV_HEADS, HEAD_DIM = 32, 64, 4, 2, 8
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def _byte_tokens() -> list[str]:
@@ -69,6 +72,7 @@ def _write_tiny_gguf(path: Path) -> dict[str, np.ndarray]:
     writer.add_bos_token_id(tokens.index("<|endoftext|>"))
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
     writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_chat_template(CHAT_TEMPLATE)
     arrays = _tensors(len(tokens))
     for name, array in arrays.items():
         writer.add_tensor(name, array)
@@ -108,6 +112,10 @@ def test_tiny_qwen2_gguf_converts_end_to_end(tmp_path):
     np.testing.assert_array_equal(weights["model.layers.0.self_attn.k_proj.bias"].numpy(),
                                   arrays["blk.0.attn_k.bias"])
     np.testing.assert_array_equal(weights["lm_head.weight"].numpy(), arrays["output.weight"])
+
+    template = find_chat_template(out)  # the GGUF's tokenizer.chat_template survives the conversion
+    assert template is not None and template.source == CHAT_TEMPLATE
+    assert render_chat(template, "he") == "<|im_start|>user\nhe<|im_end|>\n<|im_start|>assistant\n"
 
     tokenizer = AutoTokenizer.from_pretrained(str(out))
     ids = tokenizer.encode("hello<|im_end|>")
