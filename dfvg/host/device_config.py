@@ -35,6 +35,7 @@ class FpgaConfig:
     mode: str = "emulate"
     xclbin: str | None = None
     bits: int = 8
+    emulate_device: str = "cpu"  # where mode: emulate runs the integer datapath (cpu | cuda | cuda:N)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,10 @@ def parse_fpga(raw: Any, source: str, base_dir: Path | None) -> FpgaConfig:
     if mode == "xrt" and (xclbin is None or not Path(xclbin).is_file()):
         raise UserError(f"{source}: fpga.mode xrt needs fpga.xclbin, an existing .xclbin file (got {xclbin!r}); "
                         "build it with the Vivado flow in fpga/ or use mode: emulate")
-    return FpgaConfig(board, mode, xclbin, bits)
+    emulate_device = values.get("emulate_device", "cpu")
+    if not isinstance(emulate_device, str) or not (emulate_device == "cpu" or emulate_device.startswith("cuda")):
+        raise _fail(source, "fpga.emulate_device", "cpu, cuda or cuda:N", emulate_device)
+    return FpgaConfig(board, mode, xclbin, bits, emulate_device)
 
 
 def parse_adaptive(raw: Any, source: str) -> AdaptiveConfig:

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 14's lease on the H200 (benchmarks/RESULTS.md, "One engine"): assemble the carried GGUF chunks, install
+# the pair the way a user does (scripts/download_models.py), then, in one lease, measure
+#   1. benchmarks/gpu_speed.py --phases dfvg: DFVG plain (and spec) through Engine.decode, the benchmark's rows;
+#   2. the seed's job on one GPU: python scripts/run_experiments.py --config configs/gpu.yaml;
+#   3. dfvg generate --device cuda on one held-out prompt: --no-draft, distilled draft, 0.5B draft (--json).
+# Usage there: bash benchmarks/h200_one_engine.sh /root/g /root/d/d00 OUT_DIR   (chunks, draft weights, outputs)
+set -euo pipefail
+chunks=$1 draft_weights=$2 out=$3
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+mkdir -p /root/cache/gguf "$out"
+cat "$chunks"/c* > /root/all.bin
+head -c 1117320768 /root/all.bin > /root/cache/gguf/qwen2.5-coder-1.5b-instruct.gguf
+tail -c +1117320769 /root/all.bin > /root/cache/gguf/qwen2.5-coder-0.5b-instruct.gguf
+rm /root/all.bin
+sha256sum /root/cache/gguf/*.gguf "$draft_weights" | tee "$out/sha256.txt"
+cmp -s "$draft_weights" drafts/*/model.safetensors || cp "$draft_weights" drafts/*/model.safetensors
+python3 scripts/download_models.py --cache-dir /root/cache 2>&1 | tail -4
+python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --gguf-dir /root/cache/gguf --work-dir /root/w \
+  --prompts-file .chunks/prompts.json --prompts 20 --results /root/res --out "$out" 2>&1 | tee "$out/gpu_speed.log"
+python3 scripts/run_experiments.py --config configs/gpu.yaml --output /root/results 2>&1 | tee "$out/run_experiments.log"
+cp /root/results/gpu-*/performance_summary.json "$out/"
+prompt=$(python3 -c "import json; print(json.loads(open('data/humaneval-heldout.jsonl').readline())['prompt'])")
+for draft in none models/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768 models/qwen2.5-coder-0.5b-instruct; do
+  flags=(--no-draft); [ "$draft" = none ] || flags=(--draft "$draft" --draft-length 4)
+  python3 -m dfvg generate --target models/qwen2.5-coder-1.5b-instruct "${flags[@]}" --device cuda \
+    --raw-prompt --prompt "$prompt" --max-new-tokens 128 --json > "$out/generate-$(basename "$draft").json"
+  python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['stats']; print(sys.argv[1], round(s['tokens_per_second'],1), 'tok/s, warmup', round(s['warmup_s'],1), 's, tau', round(s['mean_accepted_length'],2))" "$out/generate-$(basename "$draft").json"
+done
+echo DONE
