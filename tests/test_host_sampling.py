@@ -7,7 +7,7 @@ import math
 
 import torch
 
-import dfvg.generate as generate_module
+import dfvg.acceptance as acceptance_module
 from dfvg.drafter import TorchDrafter
 from dfvg.host.pipeline import run_pipeline
 from dfvg.host.timeline import Timeline
@@ -67,7 +67,7 @@ def test_overlap_sampling_matches_target_distribution(monkeypatch):
     gen = torch.Generator().manual_seed(1)
     biased = torch.multinomial(tilted(law, TV).float(), TOKENS, replacement=True, generator=gen)
     assert chi_square_p_value(torch.bincount(biased, minlength=V), law) < ALPHA
-    monkeypatch.setattr(generate_module, "accept", wrong_accept_always)
+    monkeypatch.setattr(acceptance_module, "accept", wrong_accept_always)
     wrong, _, _ = overlap_counts(target, drafter, RUN_TOKENS)
     assert chi_square_p_value(wrong, law) < ALPHA
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import dfvg.generate as generate_module
+import dfvg.acceptance as acceptance_module
 from dfvg.acceptance import accept
 from dfvg.drafter import TorchDrafter
 from dfvg.generate import generate
@@ -195,7 +195,7 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_pair, para
     for i in range(2):
         biased = torch.multinomial(tilted(laws[i], TV).float(), ENGINE_RUNS, replacement=True, generator=gen)
         assert chi_square_p_value(torch.bincount(biased, minlength=V8), laws[i]) < ALPHA / 2, i
-    monkeypatch.setattr(generate_module, "accept", wrong_accept_always)
+    monkeypatch.setattr(acceptance_module, "accept", wrong_accept_always)
     wrong = first_two_counts(target, drafter, [1, 2, 3], params, 500)
     assert chi_square_p_value(wrong[0], laws[0]) < ALPHA / 2
 
