@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from dfvg.checkpoint import load_model
 from dfvg.cli import main
 from dfvg.errors import UserError
 from dfvg.fpga.drafter import FpgaDrafter
-from dfvg.fpga.latency import DesignParams, model_block
 from dfvg.generate import generate
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import TorchVerifier
@@ -50,13 +52,55 @@ def test_speculative_output_equals_plain_greedy(tiny_pair, target, plain, k, whi
         assert k < 4 or any(a < s.num_drafted for a, s in zip(accepted, result.steps, strict=True))
 
 
-def test_block_fields_and_modeled_time(self_drafter):
+def test_block_fields(self_drafter):
     self_drafter.prefill(PROMPT, 64)
     block = self_drafter.propose(PROMPT, 4, GREEDY, None)
-    assert len(block.tokens) == 4 and block.probs is None and block.elapsed_s > 0
-    want = model_block(self_drafter.workload, self_drafter.board, DesignParams(), 4, len(PROMPT) - 1, 1)
-    assert block.modeled_s == pytest.approx(want.block_time.value) and block.modeled_s > 0
+    assert len(block.tokens) == 4 and block.probs is None and block.elapsed_s > 0 and block.modeled_s > 0
     assert self_drafter.cached_len == len(PROMPT) + 3
+
+
+HEAD_ROWS = 40  # the cut draft's LM head covers 40 of the 96 token ids
+
+
+@pytest.fixture(scope="module")
+def cut_head_draft(tiny_pair, tmp_path_factory):
+    """The tiny draft with its LM head cut to HEAD_ROWS ids (a distilled head vocabulary, docs/distill.md)."""
+    directory = tmp_path_factory.mktemp("cut_head")
+    for item in tiny_pair[1].iterdir():
+        if item.is_file():  # not the quantized artifacts other tests cache beside the checkpoint
+            shutil.copy(item, directory / item.name)
+    tensors = load_file(str(directory / "model.safetensors"))
+    tensors["lm_head.weight"] = tensors["lm_head.weight"][: 2 * HEAD_ROWS : 2].contiguous()
+    tensors["lm_head.token_ids"] = torch.arange(0, 2 * HEAD_ROWS, 2)
+    save_file(tensors, str(directory / "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "dfvg_head_vocab": HEAD_ROWS}))
+    return directory
+
+
+def test_modeled_block_time_by_hand(cut_head_draft, tmp_path):
+    """The board model written out by hand for one block (dfvg/fpga/latency.py's documented formula), so a
+    wrong count in the drafter's workload shows: k=4 drafts after a 7-token prompt on a U280 at the default
+    design (250 MHz, 4096 DSPs x 1 MAC, 30 us launch, 2 x 5 us + 20 B at 12 GB/s PCIe), with 1000 cycles of
+    fixed overhead per layer. The draft's few KB of weights and its KV cache sit on chip, so no pass streams
+    off-chip bytes: each pass costs its MACs / (DSPs x clock) plus the layer overhead."""
+    drafter = FpgaDrafter.from_checkpoint(cut_head_draft, target_vocab_size=96, bits=8, artifact_dir=tmp_path)
+    drafter.prefill(PROMPT, 64)
+    drafter.design = dataclasses.replace(drafter.design, layer_overhead_cycles=1000.0)
+    block = drafter.propose(PROMPT, 4, GREEDY, None)
+    d, inter, heads, kv_heads, head_dim, layers = 32, 48, 4, 2, 8, 1  # tests/conftest.py's tiny draft
+    cfg = drafter.model.config
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            cfg.num_layers, cfg.head_vocab_size) == (d, inter, heads, kv_heads, head_dim, layers, HEAD_ROWS)
+    layer_macs = d * (heads + 2 * kv_heads) * head_dim + heads * head_dim * d + 3 * d * inter  # 7,680
+    head_macs = HEAD_ROWS * d  # the rows the head really has: 1,280 (not 96 x 32)
+    contexts = [6, 7, 8, 9]  # one pass per draft: the first feeds PROMPT[-1] after 6 cached positions
+    macs = sum(layers * layer_macs + head_macs + 2 * layers * heads * head_dim * c for c in contexts)  # 37,760
+    clock = 250e6
+    compute_s = macs / (4096 * 1 * clock)
+    overhead_s = len(contexts) * layers * 1000 / clock
+    launch_s, pcie_s = 30e-6, 2 * 5e-6 + 4 * (1 + 4) / 12e9
+    assert block.modeled_s == pytest.approx(launch_s + pcie_s + compute_s + overhead_s, rel=1e-9)
 
 
 def test_deterministic_across_instances(tiny_pair, self_drafter):

@@ -53,9 +53,13 @@ def check_options(bits: int, mode: str, board: str, xclbin: str | Path | None, x
 
 
 def workload_of(config: ModelConfig, tensors: dict[str, torch.Tensor], bits: int) -> DraftWorkload:
-    """The latency model's workload, with the exact bytes a token streams (all tensors but the embedding)."""
+    """The latency model's workload, with the exact bytes a token streams (all tensors but the embedding).
+
+    The LM head's MACs count the rows it really has: a distilled draft's head covers head_vocab_size ids.
+    """
     streamed = sum(t.numel() * t.element_size() for n, t in tensors.items() if not n.startswith("tok_embeddings."))
-    return DraftWorkload.from_model_config(config, weight_bits=float(bits), weight_bytes=streamed)
+    head_rows = config.head_vocab_size or config.vocab_size
+    return DraftWorkload.from_model_config(config, weight_bits=float(bits), vocab_size=head_rows, weight_bytes=streamed)
 
 
 def xrt_weights(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
