@@ -12,10 +12,10 @@ import os
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from cocotb_tools.runner import get_runner
+from sim_results import check_results
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
@@ -30,7 +30,7 @@ DEFINITIONS = {
 }
 
 
-def run_kernel(name: str, cycles_dir: Path) -> bool:
+def run_kernel(name: str, cycles_dir: Path) -> tuple[bool, str]:
     """Compile one kernel with its simulation parameters and run tests/test_<name>.py against it."""
     spec = KERNELS[name]
     build_dir = Path(os.environ.get("DFVG_SIM_BUILD", FPGA_DIR / "build" / "sim")) / name
@@ -42,9 +42,7 @@ def run_kernel(name: str, cycles_dir: Path) -> bool:
            "DFVG_CYCLES_DIR": str(cycles_dir), "DFVG_LUTS": str(LUTS)}
     results = runner.test(hdl_toplevel=spec["top"], test_module=f"test_{name}", build_dir=build_dir,
                           test_dir=HERE, extra_env=env, results_xml=str(build_dir / "results.xml"))
-    root = ET.parse(results).getroot()
-    return not any(tc.find("failure") is not None or tc.find("error") is not None
-                   for tc in root.iter("testcase"))
+    return check_results(results)
 
 
 def main(argv: list[str]) -> int:
@@ -57,8 +55,8 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             t0 = time.time()
-            ok = run_kernel(name, Path(tmp))
-            print(f"[sim] {name}: {'PASS' if ok else 'FAIL'} in {time.time() - t0:.1f} s", flush=True)
+            ok, why = run_kernel(name, Path(tmp))
+            print(f"[sim] {name}: {'PASS' if ok else 'FAIL'} ({why}) in {time.time() - t0:.1f} s", flush=True)
             if not ok:
                 failed.append(name)
         if not failed and names == list(KERNELS):
