@@ -108,11 +108,15 @@ def test_acceptance_rule_reproduces_the_target_distribution():
     1,000 seeds; the seed is fixed, so the outcome is deterministic). RULE_DRAWS = 11,152 draws over 5 cells
     reject any law at TV >= 0.03 from P with power >= 0.99 (stats_helpers: noncentrality
     lambda >= 4 n TV^2 = 40.1, the smallest giving power 0.99 at df = 4). The negative control, one term
-    of the rule wrong, is a genuine TV ~0.03 bias, computed exactly, and must be rejected."""
+    of the rule wrong, is a genuine TV ~0.03 bias, computed exactly, and must be rejected; so must draws from
+    P tilted by TV 0.03 in the direction the test sees least (the sample size, not just this bias)."""
     assert chi_square_p_value(first_token_counts(accept), P) >= ALPHA
     leak_tv = total_variation(leaky_first_token_law(P, Q), P)
     assert 0.025 < leak_tv < 0.035
     assert chi_square_p_value(first_token_counts(leaky_accept), P) < ALPHA
+    biased = torch.multinomial(tilted(P, TV).float(), RULE_DRAWS, replacement=True,
+                               generator=torch.Generator().manual_seed(1))
+    assert chi_square_p_value(torch.bincount(biased, minlength=5), P) < ALPHA
 
 
 class PrefixModel:
