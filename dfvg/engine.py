@@ -77,11 +77,14 @@ class Engine:
     def context_limit(self) -> int:
         return self.verifier.model.config.max_position_embeddings
 
-    def reserve(self, positions: int) -> None:
-        """Size graph caches for `positions` up front, so no prompt of the run reallocates (and recaptures)."""
+    def reserve(self, positions: int, batch: int = 1) -> None:
+        """Size graph caches for `positions` (and the target's for `batch` rows, for batched runs) up front,
+        so no prompt of the run reallocates a cache, which would drop and recapture every graph over it."""
         for holder in (self.verifier, *self.drafters):
             if isinstance(holder, (GraphVerifier, GraphDrafter)):
                 holder.min_cache_len = max(holder.min_cache_len, positions)
+        if isinstance(self.verifier, GraphVerifier) and batch > 1:
+            self.verifier.model.setup_cache(batch, self.verifier.min_cache_len + SCRATCH)
 
     def decode(self, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int, *, k: int,
                eos_ids: tuple[int, ...] | list[int] = (), sampling: SamplingParams | None = None, seed: int = 0,
@@ -113,7 +116,7 @@ class Engine:
         return self.device_steps[key]
 
     def warm_up(self, drafters: list[Drafter | None], prompt_ids: list[int], k_values: list[int],
-                max_new_tokens: int) -> float:
+                max_new_tokens: int, batch: int = 1) -> float:
         """Capture and compile every graph the run will replay, on the run's own shapes; returns seconds.
 
         A short generation per drafter and draft length captures the prefill chunk, the device step and
@@ -121,7 +124,7 @@ class Engine:
         step can send (the last steps of a generation draft fewer than k)."""
         for drafter in drafters:
             self._remember(drafter)
-        self.reserve(max_seq_len(len(prompt_ids), max_new_tokens, max(k_values, default=0)) + SCRATCH)
+        self.reserve(max_seq_len(len(prompt_ids), max_new_tokens, max(k_values, default=0)) + SCRATCH, batch)
         start = time.perf_counter()
         warm_prompt = prompt_ids[: max(2, min(len(prompt_ids), 24))]
         for drafter in drafters:

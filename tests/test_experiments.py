@@ -190,7 +190,42 @@ def test_batched_speculative_matches_baseline(tiny_pair, tmp_path):
     raw = tiny_config(tiny_pair, tmp_path, num_runs=1, batch_size=2, variants=["baseline", "speculative", "overlap"])
     run_dir = run_experiments(raw)
     summary = json.loads((run_dir / "performance_summary.json").read_text())
-    if "speculative" in summary["skipped"]:
-        pytest.skip(summary["skipped"]["speculative"])
     assert summary["variants"]["speculative"]["acceptance"]["output_match_rate"]["value"] == 1.0
     assert "sync only" in summary["skipped"]["overlap"]
+
+
+def test_batch_variant_runs_plain_and_speculative_at_each_batch_size(tiny_pair, tmp_path):
+    """`batch` with batch_sizes [1, 2]: four variants, each over every prompt, every output equal to the
+    baseline's; a batch of 2 on 3 prompts decodes groups of 2 and 1 (no prompt twice, none left out)."""
+    from dfvg.host.experiments import run_experiments
+
+    raw = tiny_config(tiny_pair, tmp_path, num_runs=1, num_prompts=3, variants=["baseline", "batch"],
+                      batch_sizes=[1, 2])
+    run_dir = run_experiments(raw)
+    rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
+    by_variant: dict[str, dict[str, list[int]]] = {}
+    for row in rows:
+        assert row["prompt_id"] not in by_variant.setdefault(row["variant"], {})
+        by_variant[row["variant"]][row["prompt_id"]] = row["tokens"]
+    names = {"batch:B=1:plain", "batch:B=1:spec", "batch:B=2:plain", "batch:B=2:spec"}
+    assert set(by_variant) == names | {"baseline"} and len(by_variant["baseline"]) == 3
+    for name in names:
+        assert by_variant[name] == by_variant["baseline"], name
+    summary = json.loads((run_dir / "performance_summary.json").read_text())
+    assert summary["variants"]["batch:B=2:spec"]["acceptance"]["output_match_rate"]["value"] == 1.0
+
+
+def test_batch_variant_needs_sizes_and_enough_prompts(tiny_pair, tmp_path):
+    assert "batch_sizes" in refusal(tiny_config(tiny_pair, tmp_path, variants=["batch"]), tmp_path)
+    raw = tiny_config(tiny_pair, tmp_path, variants=["batch"], batch_sizes=[8], num_prompts=2)
+    assert "num_prompts >= 8" in refusal(raw, tmp_path)
+
+
+def test_gpu_config_refuses_in_one_line_without_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(UserError, match="CUDA is not available") as err:
+        load_experiment_config(REPO / "configs" / "gpu.yaml")
+    assert "\n" not in str(err.value)

@@ -41,6 +41,16 @@ def test_batch_with_mixed_drafters_is_lossless(target, k):
     assert len({len(r.steps) for r in results}) > 1  # rows accepted different numbers of tokens per step
 
 
+def test_batch_without_drafters_is_batched_plain_decoding(target):
+    """None per row: one target forward per step for every row, each row equal to its own plain decoding,
+    one token per step (the baseline that speculative batches are compared with)."""
+    eos = plain(target, PROMPTS[2], 30)[6]
+    expected = [plain(target, p, 17, eos=(eos,)) for p in PROMPTS]
+    results = run_batch(target, [None] * len(PROMPTS), PROMPTS, 17, eos_ids=(eos,), draft_length=4)
+    assert [r.tokens for r in results] == expected
+    assert all(len(r.steps) == len(r.tokens) and r.stats()["num_draft_tokens"] == 0 for r in results)
+
+
 def test_finished_sequences_leave_the_batch(tiny_pair, target):
     """EOS ends some rows early; the others keep decoding correctly after the cache is compacted."""
     free = [plain(target, p, 30) for p in PROMPTS]

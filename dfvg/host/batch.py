@@ -13,7 +13,12 @@ no valid token of row b holds (they hold only stale drafts); nothing of row b at
 overwriting the pad before any query can reach it. The cache is sized so the pads stay inside it.
 
 A finished sequence (EOS or max_new_tokens) leaves the batch: the cache rows of the remaining sequences are
-compacted to the front, because the model maps input row i to cache row i.
+compacted to the front, because the model maps input row i to cache row i. With no drafters (`None` per row)
+the same loop is batched plain decoding, so plain and speculative compare at the same batch size.
+
+Every rule that decides a row's step comes from the engine (`dfvg.generate`): the step length
+(`step_length`), the cache size (`max_seq_len`), the step record (`Outcome.record`), the commit with its
+EOS and length cut (`GenerationResult.commit`) and the drafter's rollback position.
 
 Does not own: the single-sequence schedules (dfvg.host.pipeline), acceptance, the drafters.
 """
@@ -30,11 +35,10 @@ from dfvg.acceptance import accept_block
 from dfvg.devices import synchronize
 from dfvg.drafter import DraftBlock, Drafter
 from dfvg.errors import UserError
-from dfvg.generate import GREEDY, GenerationResult, check_lengths, propose
+from dfvg.generate import GREEDY, GenerationResult, Outcome, check_lengths, max_seq_len, propose, step_length
 from dfvg.host.timeline import Timeline
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
-from dfvg.stats import StepRecord
 from dfvg.verifier import TorchVerifier
 
 
@@ -43,7 +47,7 @@ class Row:
     """One sequence of the batch."""
 
     index: int  # position in the caller's prompt list
-    drafter: Drafter
+    drafter: Drafter | None  # None: plain decoding of this row
     rng: torch.Generator
     seq: list[int]
     result: GenerationResult
@@ -95,12 +99,11 @@ def batched_verify(verifier: TorchVerifier, rows: list[Row], blocks: list[DraftB
     return verifier.model(ids, positions)  # [B, T, V]
 
 
-def commit_row(row: Row, block: DraftBlock, num_accepted: int, next_token: int, verify_s: float,
-               eos: set[int], max_new_tokens: int) -> None:
-    committed = block.tokens[:num_accepted] + [next_token]
-    row.drafter.rollback(len(row.seq) + num_accepted)  # the engine's contract, as in dfvg.generate
-    row.result.steps.append(StepRecord(len(block.tokens), num_accepted, block.elapsed_s, verify_s, block.modeled_s))
-    row.seq += row.result.commit(committed, eos, max_new_tokens)
+def commit_row(row: Row, outcome: Outcome, eos: set[int], max_new_tokens: int) -> None:
+    if row.drafter is not None:
+        row.drafter.rollback(len(row.seq) + outcome.num_accepted)  # the engine's contract, as in HostStep
+    row.result.steps.append(outcome.record())
+    row.seq += row.result.commit(outcome.committed, eos, max_new_tokens)
     row.done = row.result.hit_eos or len(row.result.tokens) >= max_new_tokens
 
 
@@ -110,9 +113,10 @@ def batch_step(verifier: TorchVerifier, rows: list[Row], k: int, sampling: Sampl
     blocks = []
     for row in rows:
         start = timeline.now()
-        row_k = min(k, max_new_tokens - len(row.result.tokens) - 1)
+        row_k = step_length(k, len(row.result.tokens), max_new_tokens)
         blocks.append(propose(row.drafter, row.seq, row_k, sampling, row.rng))
-        timeline.record("draft", str(row.drafter.device), start, timeline.now(), len(blocks[-1].tokens), step)
+        if row.drafter is not None:
+            timeline.record("draft", str(row.drafter.device), start, timeline.now(), len(blocks[-1].tokens), step)
     start = timeline.now()
     logits = batched_verify(verifier, rows, blocks)  # [B, T, V]
     synchronize(verifier.device)
@@ -123,14 +127,16 @@ def batch_step(verifier: TorchVerifier, rows: list[Row], k: int, sampling: Sampl
     end = timeline.now()
     timeline.record("accept", str(verifier.device), scored, end, sum(a + 1 for a, _ in outcomes), step)
     for row, block, (num_accepted, next_token) in zip(rows, blocks, outcomes, strict=True):
-        commit_row(row, block, num_accepted, next_token, end - start, eos, max_new_tokens)
+        commit_row(row, Outcome(block, num_accepted, next_token, end - start), eos, max_new_tokens)
 
 
-def make_rows(drafters: Sequence[Drafter] | Callable[[], Drafter], prompts: list[list[int]], seed: int) -> list[Row]:
+def make_rows(drafters: Sequence[Drafter | None] | Callable[[], Drafter], prompts: list[list[int]],
+              seed: int) -> list[Row]:
     chosen = [drafters() for _ in prompts] if callable(drafters) else list(drafters)
     if len(chosen) != len(prompts):
         raise UserError(f"run_batch needs one drafter per prompt: {len(chosen)} drafters for {len(prompts)} prompts")
-    if len({id(getattr(d, "model", d)) for d in chosen}) != len(chosen):
+    real = [d for d in chosen if d is not None]
+    if len({id(getattr(d, "model", d)) for d in real}) != len(real):
         raise UserError("run_batch drafters must not share a model (each keeps its own KV cache); "
                         "pass a drafter_factory that loads one model per sequence")
     return [Row(i, d, torch.Generator().manual_seed(seed + i), list(p), GenerationResult(tokens=[]))
@@ -139,7 +145,7 @@ def make_rows(drafters: Sequence[Drafter] | Callable[[], Drafter], prompts: list
 
 def run_batch(
     verifier: TorchVerifier,
-    drafters: Sequence[Drafter] | Callable[[], Drafter],
+    drafters: Sequence[Drafter | None] | Callable[[], Drafter],
     prompts: list[list[int]],
     max_new_tokens: int,
     *,
@@ -151,7 +157,8 @@ def run_batch(
 ) -> list[GenerationResult]:
     """Speculative decoding of several prompts at once; one GenerationResult per prompt, in prompt order.
 
-    `drafters`: one drafter per prompt, or a factory called once per prompt. Sequence i samples with seed + i.
+    `drafters`: one drafter per prompt (None for all: batched plain decoding), or a factory called once per
+    prompt. Sequence i samples with seed + i.
     prefill_s / decode_s of each result are the batch's (shared) wall-clock times.
     """
     if not prompts:
@@ -160,19 +167,21 @@ def run_batch(
         check_lengths(prompt, max_new_tokens, draft_length, verifier.model.config.max_position_embeddings)
     timeline = timeline if timeline is not None else Timeline()
     rows = make_rows(drafters, prompts, seed)
-    max_seq_len = max(len(p) for p in prompts) + max_new_tokens + draft_length + 1
+    k = draft_length if any(row.drafter is not None for row in rows) else 0
+    cache_len = max_seq_len(max(len(p) for p in prompts), max_new_tokens, k)
     start = time.perf_counter()
-    verifier.model.setup_cache(len(prompts), max_seq_len)
+    verifier.model.setup_cache(len(prompts), cache_len)
     t0 = timeline.now()
     batched_prefill(verifier.model, prompts)
     for row in rows:
-        row.drafter.prefill(row.seq, max_seq_len)
+        if row.drafter is not None:
+            row.drafter.prefill(row.seq, cache_len)
     synchronize(verifier.device)
     timeline.record("prefill", str(verifier.device), t0, timeline.now(), sum(len(p) - 1 for p in prompts))
     prefill_s, decode_start = time.perf_counter() - start, time.perf_counter()
     active, step = rows, 0
     while active:
-        batch_step(verifier, active, draft_length, sampling, set(eos_ids), max_new_tokens, timeline, step)
+        batch_step(verifier, active, k, sampling, set(eos_ids), max_new_tokens, timeline, step)
         keep = [i for i, row in enumerate(active) if not row.done]
         if len(keep) < len(active) and keep:
             compact_cache(verifier.model, keep)

@@ -27,7 +27,7 @@ import yaml
 from dfvg.errors import UserError
 from dfvg.host.device_config import DeviceConfig, build_device_config, load_device_config
 
-VARIANTS = ("baseline", "speculative", "fpga", "overlap", "adaptive", "sweep")
+VARIANTS = ("baseline", "speculative", "fpga", "overlap", "adaptive", "sweep", "batch")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ALIASES = {"TARGET_MODEL": "target_model", "DRAFT_MODEL": "draft_model", "BATCH_SIZE": "batch_size",
            "DRAFT_LENGTH": "draft_length", "MAX_NEW_TOKENS": "max_new_tokens", "NUM_RUNS": "num_runs"}
@@ -48,6 +48,7 @@ class ExperimentConfig:
     draft_length: int = 4
     draft_length_sweep: tuple[int, ...] = ()
     batch_size: int = 1
+    batch_sizes: tuple[int, ...] = ()  # the `batch` variant: plain and speculative at each batch size
     devices: DeviceConfig = field(default_factory=DeviceConfig)
     dtype: str = "auto"
     temperature: float = 0.0
@@ -134,7 +135,7 @@ def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "name": _text, "target_model": _text, "draft_model": _optional(_text), "pair": _text,
     "dataset": _text, "num_prompts": _int(1), "max_new_tokens": _int(1), "draft_length": _int(1),
-    "draft_length_sweep": _int_list, "draft_params": _text, "batch_size": _int(1),
+    "draft_length_sweep": _int_list, "draft_params": _text, "batch_size": _int(1), "batch_sizes": _int_list,
     "devices": _mapping_or_path, "device_config": _text, "dtype": _choice(DTYPES),
     "temperature": _float(0.0, 100.0), "top_k": _int(0), "top_p": _float(0.0, 1.0, low_open=True),
     "seed": _int(0), "num_runs": _int(1), "warmup": _bool, "eager": _bool, "variants": _variants,
@@ -278,6 +279,10 @@ def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None
     cfg = ExperimentConfig(**values, source=source)
     if "sweep" in cfg.variants and not cfg.draft_length_sweep:
         raise UserError(f"{source}: variant sweep needs draft_length_sweep, e.g. [1, 2, 4, 8]")
+    if "batch" in cfg.variants and not cfg.batch_sizes:
+        raise UserError(f"{source}: variant batch needs batch_sizes, e.g. [1, 4, 16]")
+    if cfg.batch_sizes and max(cfg.batch_sizes) > cfg.num_prompts:
+        raise UserError(f"{source}: batch_sizes {list(cfg.batch_sizes)} needs num_prompts >= {max(cfg.batch_sizes)}")
     return cfg
 
 

@@ -57,6 +57,7 @@ DESCRIPTIONS = {
     "overlap": "speculative decoding, draft overlapped with verification (host runtime)",
     "adaptive": "overlap with adaptive draft length (host runtime)",
     "sweep": "speculative decoding, sync, float draft, draft length k",
+    "batch": "batch of B prompts, one target forward per step for all rows (eager batched verify)",
 }
 
 
@@ -69,6 +70,15 @@ class Plan:
     mode: str  # "ar", "sync", "overlap"
     draft_length: int
     adaptive: bool = False
+    batch_size: int = 0  # prompts decoded together; 0: the config's batch_size
+
+
+def batch_size_of(plan: Plan, cfg: ExperimentConfig) -> int:
+    return plan.batch_size or cfg.batch_size
+
+
+def max_batch_size(cfg: ExperimentConfig) -> int:
+    return max((cfg.batch_size, *cfg.batch_sizes))
 
 
 def plans(cfg: ExperimentConfig) -> list[Plan]:
@@ -79,7 +89,10 @@ def plans(cfg: ExperimentConfig) -> list[Plan]:
              "fpga": [Plan("fpga", "fpga", "sync", k)],
              "overlap": [Plan("overlap", ahead, "overlap", k)],
              "adaptive": [Plan("adaptive", ahead, "overlap", k, adaptive=True)],
-             "sweep": [Plan(f"sweep:k={n}", "torch", "sync", n) for n in cfg.draft_length_sweep]}
+             "sweep": [Plan(f"sweep:k={n}", "torch", "sync", n) for n in cfg.draft_length_sweep],
+             "batch": [p for b in cfg.batch_sizes for p in (
+                 Plan(f"batch:B={b}:plain", "none", "ar", 0, batch_size=b),
+                 Plan(f"batch:B={b}:spec", "torch", "sync", k, batch_size=b))]}
     return [p for v in cfg.variants for p in table[v]]
 
 
@@ -224,12 +237,12 @@ def warm_up(plans_: list[Plan], ctx: Context) -> float:
     drafters = list({id(d): d for d in (drafter_of(p, ctx) for p in plans_)}.values())
     ks = sorted({p.draft_length for p in plans_ if p.drafter != "none"} | {1})
     longest = max(ctx.prompts, key=lambda p: len(p["ids"]))["ids"]
-    return ctx.engine.warm_up(drafters, longest, ks, ctx.cfg.max_new_tokens)
+    return ctx.engine.warm_up(drafters, longest, ks, ctx.cfg.max_new_tokens, batch=max_batch_size(ctx.cfg))
 
 
 def skip_reason(plan: Plan, ctx: Context) -> str | None:
     """Why a variant cannot run with this config, or None."""
-    if ctx.cfg.batch_size > 1 and plan.drafter != "none" and plan.mode == "overlap":
+    if batch_size_of(plan, ctx.cfg) > 1 and plan.drafter != "none" and plan.mode == "overlap":
         return f"the overlap schedule decodes one sequence; batch_size={ctx.cfg.batch_size} runs sync only"
     return None
 
@@ -243,12 +256,13 @@ def new_variant(plan: Plan, ctx: Context) -> VariantResult:
                          else None, skipped=skip_reason(plan, ctx))
 
 
-def run_group(plan: Plan, variant: VariantResult, ctx: Context, run: int, first: int, bar: tqdm) -> None:
-    """One variant on one group of batch_size prompts (each prompt alone for plain decoding), metered."""
-    group = ctx.prompts[first:first + ctx.cfg.batch_size]
+def run_group(plan: Plan, variant: VariantResult, ctx: Context, run: int, first: int, bar: tqdm,
+              stop: int | None = None) -> None:
+    """One variant on one group of batch_size prompts (batched when there are several), metered."""
+    group = ctx.prompts[first:min(first + batch_size_of(plan, ctx.cfg), stop or len(ctx.prompts))]
     bar.set_postfix_str(f"run {run + 1} {plan.name} {group[0]['id']}")
     with EnergyMeter(ctx.nvml, ctx.cfg.cpu_watts_per_core) as meter:
-        if len(group) > 1 and plan.drafter != "none":
+        if len(group) > 1:
             variant.generations += decode_batch(plan, ctx, group, first, run)
         else:
             variant.generations += [decode_one(plan, ctx, p, first + i, run) for i, p in enumerate(group)]
@@ -269,12 +283,14 @@ def decode_batch(plan: Plan, ctx: Context, group: list[dict], first: int, run: i
     """batch_size prompts through the host runtime's run_batch: one target forward per step for all rows.
     The shared timeline goes with the group's first generation; each row is charged 1/B of the time."""
     kind = plan.drafter
+    if kind == "none":  # batched plain decoding: the baseline at the same batch size
+        ctx.batch_drafters[kind] = [None] * max_batch_size(ctx.cfg)
     if kind not in ctx.batch_drafters:  # one drafter (its own KV cache) per row, made once
         device = "fpga" if kind == "fpga" else ctx.draft_device
         options = fpga_options(ctx.devices) if kind == "fpga" else {}
         ctx.batch_drafters[kind] = [make_drafter(ctx.cfg.draft_model, device, ctx.dtype,
                                                  ctx.engine.verifier.vocab_size, fast=False, **options)
-                                    for _ in range(ctx.cfg.batch_size)]
+                                    for _ in range(max_batch_size(ctx.cfg))]
     timeline = Timeline()
     results = run_batch(ctx.engine.verifier, ctx.batch_drafters[kind][:len(group)], [p["ids"] for p in group],
                         ctx.cfg.max_new_tokens, eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=ctx.cfg.seed + first,
@@ -294,9 +310,12 @@ def execute(cfg: ExperimentConfig, ctx: Context) -> dict[str, VariantResult]:
     total = cfg.num_runs * len(runnable) * len(ctx.prompts)
     with tqdm(total=total, desc=cfg.name, unit="gen", file=sys.stderr, dynamic_ncols=True) as bar:
         for run in range(cfg.num_runs):
-            for first in range(0, len(ctx.prompts), cfg.batch_size):
+            chunk = max(batch_size_of(p, cfg) for p in runnable)  # every variant takes these prompts in turn
+            for first in range(0, len(ctx.prompts), chunk):
                 for plan in runnable:
-                    run_group(plan, variants[plan.name], ctx, run, first, bar)
+                    end = min(first + chunk, len(ctx.prompts))
+                    for group_first in range(first, end, batch_size_of(plan, cfg)):
+                        run_group(plan, variants[plan.name], ctx, run, group_first, bar, stop=end)
     return variants
 
 
