@@ -29,8 +29,8 @@ import torch
 from dfvg.checkpoint import load_model
 from dfvg.datasets import load_humaneval
 from dfvg.drafter import TorchDrafter
-from dfvg.fpga.artifact import load_or_build
-from dfvg.fpga.drafter import FpgaDrafter
+from dfvg.fpga.datapath.artifact import load_or_build
+from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import generate
 from dfvg.sampling import SamplingParams
 from dfvg.stats import StepRecord, acceptance_rate, mean_accepted_length
@@ -154,7 +154,7 @@ def print_table(summary: dict) -> None:
         print(f"{r['drafter']:<8} {r['acceptance_rate']:>7.3f} {r['mean_accepted_length']:>6.2f} "
               f"{str(r['all_outputs_match_plain']):>6} {fmt(speed, '11.2f')} {fmt(block, '14.3f')} "
               f"{fmt(token, '12.3f')}")
-    print("alpha, tau, match, emul tok/s: measured; U280 ms: modeled (dfvg/fpga/latency.py)")
+    print("alpha, tau, match, emul tok/s: measured; U280 ms: modeled (dfvg/fpga/board/latency.py)")
 
 
 def main() -> int:

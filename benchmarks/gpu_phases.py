@@ -214,7 +214,7 @@ def phase_hf_static(args, models) -> dict:
 
 
 def fpga_drafter(args, models):
-    from dfvg.fpga.drafter import FpgaDrafter
+    from dfvg.fpga.datapath.drafter import FpgaDrafter
 
     draft_dir = Path(args.distilled_draft) if args.distilled_draft else Path(args.work_dir) / "draft"
     if args.tiny:

@@ -7,7 +7,7 @@ work runs (for `resource_utilization.log`); reading RAPL package counters
 `assumed` CPU figure: this process's CPU seconds x an assumed power per busy core, with that number's
 source. Every result says which of these it is.
 
-Does not own: FPGA energy (modeled by `dfvg.fpga.latency` from the board's assumed power), reports.
+Does not own: FPGA energy (modeled by `dfvg.fpga.board.latency` from the board's assumed power), reports.
 
 Caveats the sources repeat: NVML and RAPL count the whole device or socket, including other processes;
 the assumed CPU power is a data-sheet share, not a measurement.

@@ -23,7 +23,7 @@ import torch
 from dfvg.checkpoint import load_model
 from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import Drafter, TorchDrafter
-from dfvg.fpga.drafter import FpgaDrafter
+from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
 from dfvg.gpu.fast import DeviceStep, fits_device_step
 from dfvg.gpu.graphs import SCRATCH, GraphDrafter, GraphVerifier

@@ -282,7 +282,7 @@ def test_full_embedding_with_a_head_vocabulary(setup):
 
 
 def test_fpga_datapath_drafts_inside_the_head_and_stays_lossless(setup, tmp_path):
-    from dfvg.fpga.drafter import FpgaDrafter
+    from dfvg.fpga.datapath.drafter import FpgaDrafter
 
     # target-pca init: the residual stream keeps the target's scale (a 0.02-scale toy residual is too small
     # for the quantizer's int32 norm constants)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dfvg.errors import UserError
-from dfvg.fpga import fixed_point as fp
+from dfvg.fpga.datapath import fixed_point as fp
 
 
 def _gen(seed: int = 0) -> torch.Generator:

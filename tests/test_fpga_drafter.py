@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from dfvg.checkpoint import load_model
 from dfvg.cli import main
 from dfvg.errors import UserError
-from dfvg.fpga.drafter import FpgaDrafter
+from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import generate
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import TorchVerifier
@@ -79,7 +79,7 @@ def cut_head_draft(tiny_pair, tmp_path_factory):
 
 
 def test_modeled_block_time_by_hand(cut_head_draft, tmp_path):
-    """The board model written out by hand for one block (dfvg/fpga/latency.py's documented formula), so a
+    """The board model written out by hand for one block (dfvg/fpga/board/latency.py's documented formula), so a
     wrong count in the drafter's workload shows: k=4 drafts after a 7-token prompt on a U280 at the default
     design (250 MHz, 4096 DSPs x 1 MAC, 30 us launch, 2 x 5 us + 20 B at 12 GB/s PCIe), with 1000 cycles of
     fixed overhead per layer. The draft's few KB of weights and its KV cache sit on chip, so no pass streams

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from dfvg.errors import UserError
-from dfvg.fpga.boards import BOARDS, get_board
-from dfvg.fpga.latency import DesignParams, DraftWorkload, describe, layer_overhead, model_block
+from dfvg.fpga.board.boards import BOARDS, get_board
+from dfvg.fpga.board.latency import DesignParams, DraftWorkload, describe, layer_overhead, model_block
 
 U280 = get_board("u280")
 

@@ -9,10 +9,10 @@ import torch
 
 from dfvg.checkpoint import load_model
 from dfvg.errors import UserError
-from dfvg.fpga import fixed_point as fp
-from dfvg.fpga.artifact import FORMAT_VERSION, StaleArtifact, load_artifact, load_or_build
-from dfvg.fpga.datapath import IntegerDraftModel, rmsnorm_wide
-from dfvg.fpga.quantize import builtin_calibration, calibrate, quantize_model, quantize_rows_int4, smooth
+from dfvg.fpga.datapath import fixed_point as fp
+from dfvg.fpga.datapath.artifact import FORMAT_VERSION, StaleArtifact, load_artifact, load_or_build
+from dfvg.fpga.datapath.integer_model import IntegerDraftModel, rmsnorm_wide
+from dfvg.fpga.datapath.quantize import builtin_calibration, calibrate, quantize_model, quantize_rows_int4, smooth
 
 from .conftest import save_checkpoint
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from dfvg.errors import UserError
-from dfvg.fpga.boards import get_board
-from dfvg.fpga.latency import DesignParams, DraftWorkload
-from dfvg.fpga.resources import estimate_resources, kernel_instances, render, write_resource_log
+from dfvg.fpga.board.boards import get_board
+from dfvg.fpga.board.latency import DesignParams, DraftWorkload
+from dfvg.fpga.board.resources import estimate_resources, kernel_instances, render, write_resource_log
 
 U280 = get_board("u280")
 NO_CYCLES = Path("/nonexistent/kernel_cycles.json")

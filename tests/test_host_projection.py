@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dfvg.errors import UserError
-from dfvg.fpga.latency import DesignParams
+from dfvg.fpga.board.latency import DesignParams
 from dfvg.generate import GenerationResult
 from dfvg.host.projection import pcie_transfer_s, project_times
 from dfvg.host.timeline import Timeline, TimelineEvent

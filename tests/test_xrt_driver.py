@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dfvg.errors import UserError
-from dfvg.fpga.xrt_driver import (
+from dfvg.fpga.xrt.driver import (
     DRAFT_KERNEL,
     KERNEL_ARGS,
     SimulatedXrt,

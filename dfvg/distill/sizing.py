@@ -1,9 +1,9 @@
 """Does a draft fit a board's on-chip memory, and how long would one draft block take there? (modeled)
 
 What this module owns: the bytes the FPGA artifact of a draft holds (decoder layers at int8 or int4 with
-group scales, the LM head at int8 as dfvg/fpga/quantize.py keeps it, the embedding at int8 in HBM), the
+group scales, the LM head at int8 as dfvg/fpga/datapath/quantize.py keeps it, the embedding at int8 in HBM), the
 residency question (weights + KV cache inside the board's usable BRAM/URAM), and the modeled block time from
-`dfvg.fpga.latency.model_block`, compared with a given verify time. Nothing here is measured: every number
+`dfvg.fpga.board.latency.model_block`, compared with a given verify time. Nothing here is measured: every number
 is a `Metric` labelled `modeled` (or carries the latency model's own provenance).
 
 Why the embedding is left off chip: a token reads one embedding row (D bytes), so keeping the
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dfvg.errors import UserError
-from dfvg.fpga.boards import get_board
-from dfvg.fpga.latency import DesignParams, DraftWorkload, model_block, place
+from dfvg.fpga.board.boards import get_board
+from dfvg.fpga.board.latency import DesignParams, DraftWorkload, model_block, place
 from dfvg.model import ModelConfig
 from dfvg.stats import Metric
 

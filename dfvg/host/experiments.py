@@ -35,8 +35,8 @@ from dfvg.datasets import load_prompts
 from dfvg.devices import resolve_device
 from dfvg.energy import EnergyMeter, Nvml
 from dfvg.engine import Engine, load_verifier, make_drafter
-from dfvg.fpga.boards import get_board
-from dfvg.fpga.latency import DesignParams, DraftWorkload
+from dfvg.fpga.board.boards import get_board
+from dfvg.fpga.board.latency import DesignParams, DraftWorkload
 from dfvg.generate import GenerationResult
 from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.batch import run_batch

@@ -1,7 +1,7 @@
 """Two end-to-end times from one run: what this machine measured, and what the configured board would take.
 
 Owns the projection: the run's schedule is replayed event by event with each draft block's duration replaced
-by its modeled board time (`TimelineEvent.modeled_s`, i.e. `DraftBlock.modeled_s` from dfvg.fpga.latency),
+by its modeled board time (`TimelineEvent.modeled_s`, i.e. `DraftBlock.modeled_s` from dfvg.fpga.board.latency),
 every target stage (prefill, transfer to the verifier, verify, accept) kept at its measured duration, and the
 PCIe transfer of the token ids between host and card modeled from the latency model's `DesignParams`.
 The replay keeps the schedule's dependencies: in `sync` a block is drafted after the previous commit and
@@ -14,7 +14,7 @@ PCIe: `latency.model_block` already counts the ids in and the drafts out inside 
 (`pcie_in_draft=True`) the replay adds nothing for them and reports the modeled transfer separately; with
 `pcie_in_draft=False` (a drafter whose modeled time covers compute only) the transfer is added per block.
 
-Does not own: the board model (dfvg.fpga.latency), the timeline (dfvg.host.timeline).
+Does not own: the board model (dfvg.fpga.board.latency), the timeline (dfvg.host.timeline).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from dfvg.errors import UserError
-from dfvg.fpga.latency import DesignParams
+from dfvg.fpga.board.latency import DesignParams
 from dfvg.generate import GenerationResult
 from dfvg.host.timeline import Timeline, TimelineEvent
 from dfvg.stats import Metric, StepRecord
@@ -167,7 +167,7 @@ def metrics(replay: Replay, measured: float, mode: str, board: str, draft_prefil
 
 def modeled_prefill_s(workload: object, board: object, design: DesignParams, prompt_len: int) -> float:
     """Board time of the draft's prompt pass: one launch feeding prompt_len - 1 ids (latency.model_block)."""
-    from dfvg.fpga.latency import model_block
+    from dfvg.fpga.board.latency import model_block
 
     if prompt_len < 2:
         return 0.0

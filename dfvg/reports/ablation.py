@@ -35,7 +35,7 @@ def headline(v: VariantResult) -> tuple[float, str, str]:
     """(tokens/s, provenance, source): projected for an FPGA draft, measured otherwise."""
     if has_projection(v):
         return mean_std(tokens_per_second_by_run(v, projected=True))[0], projection_provenance(v), \
-            "board-projected (dfvg.fpga.latency draft time + measured verification)"
+            "board-projected (dfvg.fpga.board.latency draft time + measured verification)"
     return mean_std(tokens_per_second_by_run(v))[0], "measured", "wall clock, mean over repetitions"
 
 

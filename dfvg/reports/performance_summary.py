@@ -34,7 +34,7 @@ DEFINITIONS = {
     "per_position_acceptance": "entry i: P(draft i accepted | draft i proposed)",
     "accepted_length_histogram": "entry a: number of verify steps that accepted exactly a drafts",
     "output_match_rate": "fraction of generations identical, token for token, to the baseline's",
-    "projected": "end-to-end time with each draft block at the FPGA board model's time (dfvg.fpga.latency) "
+    "projected": "end-to-end time with each draft block at the FPGA board model's time (dfvg.fpga.board.latency) "
                  "and every target stage as measured here (dfvg.host.projection replays the schedule)",
 }
 
@@ -102,7 +102,7 @@ def projected_block(v: VariantResult, base_tps: float) -> dict:
         "speedup": record(tps / base_tps if base_tps else 0.0, "x", prov,
                           "projected tokens_per_second over the baseline's measured one"),
         "draft_s": record(sum(s.modeled_draft_s or 0.0 for s in v.steps()) / runs, "s", "modeled",
-                          "FPGA board model (dfvg.fpga.latency), summed over draft blocks"),
+                          "FPGA board model (dfvg.fpga.board.latency), summed over draft blocks"),
     }
 
 

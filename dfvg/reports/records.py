@@ -90,9 +90,9 @@ class RunResults:
     variants: dict[str, VariantResult]
     started_utc: str
     finished_utc: str = ""
-    board: Any = None  # dfvg.fpga.boards.Board of the FPGA variant / resource estimate
-    fpga_workload: Any = None  # dfvg.fpga.latency.DraftWorkload of the draft model
-    fpga_design: Any = None  # dfvg.fpga.latency.DesignParams
+    board: Any = None  # dfvg.fpga.board.boards.Board of the FPGA variant / resource estimate
+    fpga_workload: Any = None  # dfvg.fpga.board.latency.DraftWorkload of the draft model
+    fpga_design: Any = None  # dfvg.fpga.board.latency.DesignParams
     gpu_reason: str = ""  # why there are no GPU figures (empty when there are)
     gpu_names: list[str] = field(default_factory=list)
     peak_rss_b: float = 0.0

@@ -1,6 +1,6 @@
 """`resource_utilization.log`: the FPGA resource estimate and what the GPUs and host used during the run.
 
-Sections: [fpga] is `dfvg.fpga.resources` for the draft model on the configured board (estimated from
+Sections: [fpga] is `dfvg.fpga.board.resources` for the draft model on the configured board (estimated from
 Yosys cell counts; or the one-line reason it cannot be made here); [gpu] is NVML samples taken while each
 variant ran (memory used, utilization, SM and memory clocks, power; min / mean / max, measured), or the
 reason there are none; [host] is this process's peak resident memory and the CPU it ran on. Every line
@@ -21,9 +21,9 @@ GPU_FIELDS = (("memory_used_b", "memory used", 1 / 2**20, "MiB"), ("utilization_
 
 
 def fpga_section(results: RunResults) -> list[str]:
-    from dfvg.fpga.resources import estimate_resources, render
+    from dfvg.fpga.board.resources import estimate_resources, render
 
-    lines = ["[fpga] draft engine resource estimate (dfvg.fpga.resources)"]
+    lines = ["[fpga] draft engine resource estimate (dfvg.fpga.board.resources)"]
     if results.fpga_workload is None or results.board is None:
         return lines + ["not available: no draft model in this experiment"]
     try:

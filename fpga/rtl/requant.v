@@ -1,5 +1,5 @@
 // Requantization lane: y = sat8(round_half_up((acc + bias) * M / 2**S)).
-// Mirrors dfvg.fpga.fixed_point.requantize bit for bit. M is 15 bits (in [2**14, 2**15)), S in [1, 62].
+// Mirrors dfvg.fpga.datapath.fixed_point.requantize bit for bit. M is 15 bits (in [2**14, 2**15)), S in [1, 62].
 // Pipeline: 3 register stages (add bias, multiply, round+shift+saturate); II = 1.
 module requant #(
     parameter ACC_W = 32

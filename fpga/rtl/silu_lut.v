@@ -1,5 +1,5 @@
 // SiLU (or any int8 -> int8 function) by a 256-entry table, W lanes, one table copy per lane.
-// Address = the input byte as unsigned (x & 0xFF), as in dfvg.fpga.fixed_point.lut_apply; contents
+// Address = the input byte as unsigned (x & 0xFF), as in dfvg.fpga.datapath.fixed_point.lut_apply; contents
 // come from build/luts/silu.hex written by scripts/gen_luts.py from fixed_point.silu_table.
 // Pipeline: registered address -> registered ROM read (2 stages, BRAM/LUTRAM friendly); II = 1.
 module silu_lut #(

@@ -1,4 +1,4 @@
-"""Write the RTL lookup tables (.hex for $readmemh) from dfvg.fpga.fixed_point: one source of truth.
+"""Write the RTL lookup tables (.hex for $readmemh) from dfvg.fpga.datapath.fixed_point: one source of truth.
 
 Usage: python scripts/gen_luts.py [OUT_DIR]   (default build/luts). Files: exp2.hex (256 x 16 bit),
 rsqrt_seed.hex (128 x 16), recip_seed.hex (64 x 16), silu.hex (256 x 8, for SILU_SCALES).
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from dfvg.fpga import fixed_point as fp  # noqa: E402
+from dfvg.fpga.datapath import fixed_point as fp  # noqa: E402
 
 # The SiLU table depends on the gate/output scales of each layer; the RTL test and synthesis use this
 # one (a real deployment writes one table per layer the same way).

@@ -1,10 +1,10 @@
-"""argmax_stream RTL vs dfvg.fpga.fixed_point.argmax_lowest, bit for bit (index and value)."""
+"""argmax_stream RTL vs dfvg.fpga.datapath.fixed_point.argmax_lowest, bit for bit (index and value)."""
 
 import cocotb
 import torch
 from stream import num_vectors, pack, record_cycles, start, stream
 
-from dfvg.fpga import fixed_point as fp
+from dfvg.fpga.datapath import fixed_point as fp
 
 
 @cocotb.test()

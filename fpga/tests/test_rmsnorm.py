@@ -1,4 +1,4 @@
-"""rmsnorm RTL vs dfvg.fpga.fixed_point.rmsnorm, bit for bit, for two sets of layer constants."""
+"""rmsnorm RTL vs dfvg.fpga.datapath.fixed_point.rmsnorm, bit for bit, for two sets of layer constants."""
 
 import math
 
@@ -6,7 +6,7 @@ import cocotb
 import torch
 from stream import num_vectors, pack, record_cycles, start, stream, unpack
 
-from dfvg.fpga import fixed_point as fp
+from dfvg.fpga.datapath import fixed_point as fp
 
 
 def _vectors(n: int, d: int, in_w: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,10 +1,10 @@
-"""rope RTL vs dfvg.fpga.fixed_point.rope_apply, bit for bit."""
+"""rope RTL vs dfvg.fpga.datapath.fixed_point.rope_apply, bit for bit."""
 
 import cocotb
 import torch
 from stream import num_vectors, pack, record_cycles, start, stream, unpack
 
-from dfvg.fpga import fixed_point as fp
+from dfvg.fpga.datapath import fixed_point as fp
 
 
 @cocotb.test()

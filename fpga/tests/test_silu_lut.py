@@ -1,4 +1,4 @@
-"""silu_lut RTL vs dfvg.fpga.fixed_point.lut_apply(silu_table), bit for bit, all 256 inputs included."""
+"""silu_lut RTL vs dfvg.fpga.datapath.fixed_point.lut_apply(silu_table), bit for bit, all 256 inputs included."""
 
 import os
 from pathlib import Path
@@ -7,7 +7,7 @@ import cocotb
 import torch
 from stream import num_vectors, pack, record_cycles, start, stream, unpack
 
-from dfvg.fpga import fixed_point as fp
+from dfvg.fpga.datapath import fixed_point as fp
 
 SILU_SCALES = (0.05, 0.025)  # must match scripts/gen_luts.py (checked below against the .hex)
 

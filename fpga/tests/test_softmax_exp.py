@@ -1,10 +1,10 @@
-"""softmax_exp RTL vs dfvg.fpga.fixed_point.softmax_exp, bit for bit."""
+"""softmax_exp RTL vs dfvg.fpga.datapath.fixed_point.softmax_exp, bit for bit."""
 
 import cocotb
 import torch
 from stream import num_vectors, pack, record_cycles, start, stream, unpack
 
-from dfvg.fpga import fixed_point as fp
+from dfvg.fpga.datapath import fixed_point as fp
 
 
 @cocotb.test()

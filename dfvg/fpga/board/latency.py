@@ -6,8 +6,8 @@ Owns: the draft workload's byte and MAC counts (`DraftWorkload`), the accelerato
 measured: no board exists in this project. The model is calibrated against published U280 designs
 (FlightLLM, DFX; see tests/test_fpga_latency.py and docs/fpga_model.md).
 
-Does not own: the board facts (`boards.py`), the bit-exact datapath (`fixed_point.py`) or the resource
-estimate (`resources.py`).
+Does not own: the board facts (`boards.py`), the bit-exact datapath (`dfvg/fpga/datapath/`) or the
+resource estimate (`resources.py`).
 
 The model, per forward pass that feeds n tokens at a cache of c positions:
     t_mem     = (off-chip weight bytes + off-chip KV bytes read/written) / (peak BW x efficiency)
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dfvg.errors import UserError
-from dfvg.fpga.boards import Board
+from dfvg.fpga.board.boards import Board
 from dfvg.stats import Metric
 
-DEFAULT_CYCLES_FILE = Path(__file__).resolve().parents[2] / "fpga" / "reports" / "kernel_cycles.json"
+DEFAULT_CYCLES_FILE = Path(__file__).resolve().parents[3] / "fpga" / "reports" / "kernel_cycles.json"
 ASSUMED_PHASE_CYCLES = 125.0  # fill + drain of one dependent phase (8 phases -> 1000 cycles per layer)
 RESIDENCY_POLICIES = ("auto", "none", "all")
 # The dependent phases of one decoder layer: (phase, RTL kernel-name substrings, uses per layer).

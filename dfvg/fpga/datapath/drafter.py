@@ -2,10 +2,10 @@
 
 What this module owns: turning a draft checkpoint into a drafter (artifact reload or build, option checks),
 the greedy drafting loop over the integer datapath, the cache bookkeeping of the rollback contract, the
-modeled board time of every block (`latency.model_block`), and the adapter that lets the XRT driver's
-simulated device run the same datapath (`DatapathKernel`). What it does not own: the numbers
-(`quantize.py`), the arithmetic (`datapath.py`, `fixed_point.py`) or the host/board protocol
-(`xrt_driver.py`).
+modeled board time of every block (`dfvg.fpga.board.latency.model_block`), and the adapter that lets the
+XRT driver's simulated device run the same datapath (`DatapathKernel`). What it does not own: the numbers
+(`quantize.py`), the arithmetic (`integer_model.py`, `fixed_point.py`) or the host/board protocol
+(`dfvg/fpga/xrt/driver.py`).
 
 Drafting is greedy: `propose` returns `probs=None` (one-hot), which the acceptance rule handles exactly,
 so generation stays lossless under sampling too (the target's distribution decides every token). The
@@ -24,11 +24,11 @@ from dfvg.checkpoint import load_config
 from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import DraftBlock
 from dfvg.errors import UserError
-from dfvg.fpga.artifact import load_or_build
-from dfvg.fpga.boards import get_board
-from dfvg.fpga.datapath import IntegerDraftModel
-from dfvg.fpga.latency import DesignParams, DraftWorkload, model_block
-from dfvg.fpga.xrt_driver import XrtDraftEngine, load_pyxrt
+from dfvg.fpga.board.boards import get_board
+from dfvg.fpga.board.latency import DesignParams, DraftWorkload, model_block
+from dfvg.fpga.datapath.artifact import load_or_build
+from dfvg.fpga.datapath.integer_model import IntegerDraftModel
+from dfvg.fpga.xrt.driver import XrtDraftEngine, load_pyxrt
 from dfvg.model import ModelConfig
 from dfvg.sampling import SamplingParams
 

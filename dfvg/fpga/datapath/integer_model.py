@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from dfvg.devices import tf32_matmuls
-from dfvg.fpga import fixed_point as fp
+from dfvg.fpga.datapath import fixed_point as fp
 from dfvg.model import ModelConfig, rope_table
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dfvg.errors import UserError
-from dfvg.fpga.boards import BRAM36_BYTES, URAM288_BYTES, Board
-from dfvg.fpga.latency import DesignParams, DraftWorkload, place
+from dfvg.fpga.board.boards import BRAM36_BYTES, URAM288_BYTES, Board
+from dfvg.fpga.board.latency import DesignParams, DraftWorkload, place
 
-DEFAULT_CELLS_FILE = Path(__file__).resolve().parents[2] / "fpga" / "reports" / "yosys_cells.json"
+DEFAULT_CELLS_FILE = Path(__file__).resolve().parents[3] / "fpga" / "reports" / "yosys_cells.json"
 RESOURCES = ("LUT", "FF", "CARRY8", "DSP48E2", "RAMB36E2", "URAM288")
 # Kernels that form the MAC array: replicated until the design's DSP budget is spent. Every other
 # kernel (norm, softmax, rope, ...) is one shared unit on the layer's critical path.

@@ -4,7 +4,7 @@ What this module owns: activation calibration (run the float model, record per-c
 float-exact smoothing transform that moves activation outliers into the weights, weight quantization (int8
 per output channel; int4 with uint8 group scales) and the choice of every requantization multiplier. What
 it does not own: the artifact on disk (`artifact.py`), the arithmetic (`fixed_point.py`), the integer
-forward pass (`datapath.py`), or anything in `dfvg/model.py` (which never learns about FPGAs).
+forward pass (`integer_model.py`), or anything in `dfvg/model.py` (which never learns about FPGAs).
 
 Number formats (real = q * scale, symmetric, scales from calibrated absmax):
 - residual stream: int32 at ONE model-wide scale `residual_scale` (Qwen2's attention-sink token reaches
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from dfvg.errors import UserError
-from dfvg.fpga import fixed_point as fp
+from dfvg.fpga.datapath import fixed_point as fp
 from dfvg.model import Transformer
 
 SMOOTH_ALPHA = 0.5

@@ -24,7 +24,7 @@ from torch import Tensor
 from dfvg.checkpoint import load_model, read_json, safetensors_files
 from dfvg.datasets import load_humaneval
 from dfvg.errors import UserError
-from dfvg.fpga.quantize import BUILTIN_CALIBRATION, builtin_calibration, quantize_model
+from dfvg.fpga.datapath.quantize import BUILTIN_CALIBRATION, builtin_calibration, quantize_model
 from dfvg.tokenizer import encode, load_tokenizer
 
 FORMAT_VERSION = 1
