@@ -22,6 +22,7 @@ from torch import Tensor
 
 from dfvg.distill.teacher import TeacherSequence
 from dfvg.distill.train import make_batch
+from dfvg.generate import step_length
 from dfvg.model import Transformer
 from dfvg.stats import StepRecord, acceptance_rate, mean_accepted_length, per_position_acceptance
 
@@ -45,12 +46,13 @@ def greedy_matches(model: Transformer, sequences: list[TeacherSequence], batch_s
 
 
 def block_steps(matches: Tensor, k: int, max_new_tokens: int | None = None) -> list[StepRecord]:
-    """The steps `generate(..., draft_length=k)` takes over a continuation with these draft matches."""
+    """The steps `generate(..., draft_length=k)` takes over a continuation with these draft matches
+    (the engine's own step length, `dfvg.generate.step_length`; tested against real runs in test_distill)."""
     flags = matches.tolist()
     total = len(flags) if max_new_tokens is None else max_new_tokens
     steps, j = [], 0
     while j < len(flags):
-        step_k = max(0, min(k, total - j - 1))
+        step_k = step_length(k, j, total)
         accepted = 0
         while accepted < step_k and j + accepted < len(flags) and flags[j + accepted]:
             accepted += 1

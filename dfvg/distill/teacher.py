@@ -57,7 +57,10 @@ def _pick(logits: Tensor, sampling: SamplingParams, generator: torch.Generator) 
 @torch.no_grad()  # not inference_mode: its cache tensors would break a later eager prefill
 def generate_batch(model: Transformer, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int],
                    top_k: int, sampling: SamplingParams, generator: torch.Generator) -> list[TeacherSequence]:
-    """Continue every prompt (up to max_new_tokens, stopping a row at its first EOS, which is kept)."""
+    """Continue every prompt (up to max_new_tokens, stopping a row at its first EOS, which is kept).
+
+    Not a decoding path of DFVG: it makes training data, so it keeps the target's top-k distribution at
+    every position (the distillation signal), which the engine's step never returns."""
     device = model.tok_embeddings.weight.device
     batch = len(prompts)
     model.setup_cache(batch, max(len(p) for p in prompts) + max_new_tokens)
