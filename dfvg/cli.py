@@ -10,6 +10,7 @@ printed as one line on stderr with exit status 2, never as a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -57,19 +58,28 @@ def add_generate_parser(commands) -> None:
 
 
 def add_fpga_options(gen) -> None:
-    """Options of --draft-device fpga; checked by FpgaDrafter (one-line errors), ignored for other devices."""
+    """Options of --draft-device fpga (the fields of `FpgaOptions`); checked by FpgaDrafter in one line each."""
+    from dfvg.fpga.datapath.drafter import FpgaOptions
+
+    default = FpgaOptions()
     fpga = gen.add_argument_group("FPGA drafter (--draft-device fpga)")
-    fpga.add_argument("--fpga-bits", type=int, default=8, help="weight bits of the decoder layers: 8 or 4")
-    fpga.add_argument("--fpga-group-size", type=int, default=128, help="int4 group size (columns per scale)")
-    fpga.add_argument("--fpga-board", default="u280", help="board of the latency model: u280, u55c, u250, v80")
-    fpga.add_argument("--fpga-mode", default="emulate", help="emulate (bit-exact datapath here) or xrt (a board)")
-    fpga.add_argument("--fpga-emulate-device", default="cpu", help="where the emulation runs: cpu, cuda, cuda:N")
-    fpga.add_argument("--xclbin", help="dfvg_draft bitstream for --fpga-mode xrt")
+    fpga.add_argument("--fpga-bits", type=int, default=default.bits, help="weight bits of the decoder layers: 8 or 4")
+    fpga.add_argument("--fpga-group-size", type=int, default=default.group_size,
+                      help="int4 group size (columns per scale)")
+    fpga.add_argument("--fpga-board", default=default.board, help="board of the latency model: u280, u55c, u250, v80")
+    fpga.add_argument("--fpga-mode", default=default.mode, help="emulate (bit-exact datapath here) or xrt (a board)")
+    fpga.add_argument("--fpga-emulate-device", default=default.emulate_device,
+                      help="where the emulation runs: cpu, cuda, cuda:N")
+    fpga.add_argument("--xclbin", default=default.xclbin, help="dfvg_draft bitstream for --fpga-mode xrt")
 
 
 def fpga_options(args: argparse.Namespace) -> dict:
-    return {"bits": args.fpga_bits, "group_size": args.fpga_group_size, "board": args.fpga_board,
-            "mode": args.fpga_mode, "emulate_device": args.fpga_emulate_device, "xclbin": args.xclbin}
+    """The FpgaDrafter keyword arguments of the --fpga-* flags (the fields of `FpgaOptions`)."""
+    from dfvg.fpga.datapath.drafter import FpgaOptions
+
+    chosen = FpgaOptions(board=args.fpga_board, mode=args.fpga_mode, xclbin=args.xclbin, bits=args.fpga_bits,
+                         emulate_device=args.fpga_emulate_device, group_size=args.fpga_group_size)
+    return dataclasses.asdict(chosen)
 
 
 def build_parser() -> argparse.ArgumentParser:

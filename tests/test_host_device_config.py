@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from dfvg.errors import UserError
-from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, FpgaConfig, load_device_config
+from dfvg.fpga.datapath.drafter import FpgaOptions
+from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, load_device_config
 
 SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "device_config.yaml"
 
@@ -15,7 +16,7 @@ SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "device_config.yaml"
 def test_shipped_config_loads():
     cfg = load_device_config(SHIPPED)
     assert (cfg.draft, cfg.verify, cfg.pipeline) == ("cpu", "cpu", "overlap")
-    assert cfg.fpga == FpgaConfig("u280", "emulate", None, 8) and cfg.adaptive is None
+    assert cfg.fpga == FpgaOptions("u280", "emulate", None, 8) and cfg.adaptive is None
     assert cfg.source == str(SHIPPED)
 
 
@@ -26,9 +27,9 @@ def test_defaults_and_full_mapping(tmp_path):
     cfg = load_device_config({"draft": "fpga", "verify": "cpu", "pipeline": "sync",
                               "fpga": {"board": "V80", "mode": "xrt", "xclbin": str(xclbin), "bits": 4},
                               "adaptive": {"k_max": 8, "threshold": 0.3}})
-    assert cfg.fpga == FpgaConfig("v80", "xrt", str(xclbin), 4)
+    assert cfg.fpga == FpgaOptions("v80", "xrt", str(xclbin), 4)
     assert cfg.adaptive == AdaptiveConfig(k_max=8, threshold=0.3)
-    assert load_device_config({"draft": "fpga"}).fpga == FpgaConfig()  # fpga drafting gets default options
+    assert load_device_config({"draft": "fpga"}).fpga == FpgaOptions()  # fpga drafting gets default options
     assert load_device_config({"adaptive": True}).adaptive == AdaptiveConfig()
 
 

@@ -16,26 +16,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from dfvg.config_file import read_yaml
 from dfvg.devices import resolve_device
 from dfvg.errors import UserError
+from dfvg.fpga.board.boards import BOARDS as BOARD_TABLE
+from dfvg.fpga.datapath.drafter import BITS, MODES, FpgaOptions
 
 PIPELINES = ("sync", "overlap")
-BOARDS = ("u280", "u55c", "u250", "v80")
-FPGA_MODES = ("emulate", "xrt")
-FPGA_BITS = (8, 4)
-
-
-@dataclass(frozen=True)
-class FpgaConfig:
-    """The FPGA draft engine: which board is modeled, emulated bit-exactly here or run through XRT."""
-
-    board: str = "u280"
-    mode: str = "emulate"
-    xclbin: str | None = None
-    bits: int = 8
-    emulate_device: str = "cpu"  # where mode: emulate runs the integer datapath (cpu | cuda | cuda:N)
+BOARDS = tuple(BOARD_TABLE)
 
 
 @dataclass(frozen=True)
@@ -55,7 +43,7 @@ class DeviceConfig:
     draft: str = "cpu"  # "fpga" | "cpu" | "cuda:N"
     verify: str = "cpu"  # "cpu" | "cuda:N"
     pipeline: str = "sync"
-    fpga: FpgaConfig | None = None  # set when draft is fpga or the file has an fpga: section
+    fpga: FpgaOptions | None = None  # set when draft is fpga or the file has an fpga: section
     adaptive: AdaptiveConfig | None = None  # None: fixed draft length
     source: str = "<dict>"
 
@@ -105,11 +93,11 @@ def _section(raw: Any, cls: type, key: str, source: str) -> dict:
     return raw
 
 
-def parse_fpga(raw: Any, source: str, base_dir: Path | None) -> FpgaConfig:
-    values = _section(raw, FpgaConfig, "fpga", source)
+def parse_fpga(raw: Any, source: str, base_dir: Path | None) -> FpgaOptions:
+    values = _section(raw, FpgaOptions, "fpga", source)
     board = _choice(str(values.get("board", "u280")).lower(), "fpga.board", BOARDS, source)
-    mode = _choice(values.get("mode", "emulate"), "fpga.mode", FPGA_MODES, source)
-    bits = _choice(values.get("bits", 8), "fpga.bits", FPGA_BITS, source)
+    mode = _choice(values.get("mode", "emulate"), "fpga.mode", MODES, source)
+    bits = _choice(values.get("bits", 8), "fpga.bits", BITS, source)
     xclbin = values.get("xclbin")
     if xclbin is not None:
         if not isinstance(xclbin, str) or not xclbin.endswith(".xclbin"):
@@ -124,7 +112,10 @@ def parse_fpga(raw: Any, source: str, base_dir: Path | None) -> FpgaConfig:
     emulate_device = values.get("emulate_device", "cpu")
     if not isinstance(emulate_device, str) or not (emulate_device == "cpu" or emulate_device.startswith("cuda")):
         raise _fail(source, "fpga.emulate_device", "cpu, cuda or cuda:N", emulate_device)
-    return FpgaConfig(board, mode, xclbin, bits, emulate_device)
+    group_size = values.get("group_size", 128)
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+        raise _fail(source, "fpga.group_size", "an integer >= 1", group_size)
+    return FpgaOptions(board, mode, xclbin, bits, emulate_device, group_size)
 
 
 def parse_adaptive(raw: Any, source: str) -> AdaptiveConfig:
@@ -159,20 +150,6 @@ def build_device_config(raw: dict, source: str = "<dict>", base_dir: Path | None
     return DeviceConfig(draft, verify, pipeline, fpga, adaptive, source)
 
 
-def read_mapping(path: Path) -> dict:
-    if not path.is_file():
-        raise UserError(f"device config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise UserError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"{path} must hold a YAML mapping (draft:, verify:, ...), got a {type(data).__name__}")
-    return data
-
-
 def load_device_config(source: str | Path | dict | DeviceConfig) -> DeviceConfig:
     """A DeviceConfig from a YAML path or an already-parsed mapping (a DeviceConfig is returned as is)."""
     if isinstance(source, DeviceConfig):
@@ -180,4 +157,4 @@ def load_device_config(source: str | Path | dict | DeviceConfig) -> DeviceConfig
     if isinstance(source, dict):
         return build_device_config(source)
     path = Path(source)
-    return build_device_config(read_mapping(path), str(path), path.resolve().parent)
+    return build_device_config(read_yaml(path, "device config"), str(path), path.resolve().parent)

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from dfvg.config_file import read_yaml
 from dfvg.errors import UserError
 from dfvg.host.device_config import DeviceConfig, build_device_config, load_device_config
 
@@ -143,23 +144,6 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "output_dir": _text,
 }
 PATH_KEYS = ("target_model", "draft_model", "draft_params", "device_config", "output_dir")
-
-
-def read_yaml(path: Path, what: str = "config") -> dict:
-    """A YAML mapping from a file, or one line saying why not."""
-    if not path.is_file():
-        raise UserError(f"{what} file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path} is not valid YAML{where}: {getattr(err, 'problem', err)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"{path} must hold a YAML mapping of key: value, got a {type(data).__name__}")
-    return data
 
 
 def canonical_keys(raw: dict, source: str) -> dict:

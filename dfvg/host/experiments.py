@@ -37,10 +37,11 @@ from dfvg.energy import EnergyMeter, Nvml
 from dfvg.engine import Engine, load_verifier, make_drafter
 from dfvg.fpga.board.boards import get_board
 from dfvg.fpga.board.latency import DesignParams, DraftWorkload
+from dfvg.fpga.datapath.drafter import FpgaOptions
 from dfvg.generate import GenerationResult
 from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.batch import run_batch
-from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, FpgaConfig, load_device_config
+from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, load_device_config
 from dfvg.host.experiment_config import ExperimentConfig, load_experiment_config
 from dfvg.host.projection import modeled_prefill_s, project_times
 from dfvg.host.timeline import Timeline
@@ -127,7 +128,7 @@ class Context:
 
 def fpga_options(devices: DeviceConfig) -> dict:
     """FpgaDrafter options from the device config's fpga section (defaults when it has none)."""
-    fpga = devices.fpga or FpgaConfig()
+    fpga = devices.fpga or FpgaOptions()
     return {k: v for k, v in dataclasses.asdict(fpga).items() if v is not None}
 
 

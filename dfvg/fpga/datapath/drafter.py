@@ -16,6 +16,7 @@ context[n:] on the next `propose` (always at least the last token).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,12 +34,26 @@ from dfvg.model import ModelConfig
 from dfvg.sampling import SamplingParams
 
 MODES = ("emulate", "xrt")
+BITS = (8, 4)
+
+
+@dataclass(frozen=True)
+class FpgaOptions:
+    """The FPGA drafter's options: the one table behind the CLI's --fpga-* flags, a device config's `fpga:`
+    section and `FpgaDrafter.from_checkpoint`; `check_options` says which values are allowed."""
+
+    board: str = "u280"  # the board model: u280 | u55c | u250 | v80 (dfvg.fpga.board.boards)
+    mode: str = "emulate"  # emulate: the bit-exact datapath here; xrt: a board through XRT
+    xclbin: str | None = None  # the dfvg_draft bitstream, for mode xrt
+    bits: int = 8  # weight bits of the decoder layers: 8 | 4
+    emulate_device: str = "cpu"  # where mode emulate runs the datapath: cpu | cuda | cuda:N
+    group_size: int = 128  # int4 columns per scale
 XRT_MAX_K = 16
 
 
 def check_options(bits: int, mode: str, board: str, xclbin: str | Path | None, xrt_backend: str) -> None:
     """Refuse bad FPGA options in one line each, before anything slow runs."""
-    if bits not in (4, 8):
+    if bits not in BITS:
         raise UserError(f"--fpga-bits must be 8 or 4, got {bits}")
     if mode not in MODES:
         raise UserError(f"--fpga-mode must be one of {', '.join(MODES)}, got {mode!r}")
