@@ -44,8 +44,8 @@ from dfvg.host.batch import run_batch
 from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, load_device_config
 from dfvg.host.experiment_config import ExperimentConfig, load_experiment_config
 from dfvg.host.projection import modeled_prefill_s, project_times
+from dfvg.host.records import Generation, RunResults, VariantResult
 from dfvg.host.timeline import Timeline
-from dfvg.reports.records import Generation, RunResults, VariantResult
 from dfvg.sampling import SamplingParams
 from dfvg.stats import Metric
 from dfvg.tokenizer import check_compatible, encode, eos_token_ids, load_tokenizer
@@ -345,7 +345,7 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
 
 def print_summary(results: RunResults, run_dir: Path) -> None:
     """One line per variant on stdout, then where the reports are."""
-    from dfvg.reports.records import mean_std, tokens_per_second_by_run
+    from dfvg.host.records import mean_std, tokens_per_second_by_run
 
     base, _ = mean_std(tokens_per_second_by_run(results.baseline))
     for v in results.variants.values():

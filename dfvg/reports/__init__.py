@@ -22,12 +22,12 @@ import os
 import shutil
 from pathlib import Path
 
+from dfvg.host.records import RunResults
 from dfvg.reports.ablation import ablation_results
 from dfvg.reports.energy import energy_csv
 from dfvg.reports.metadata import config_text, cpu_model, run_metadata
 from dfvg.reports.performance_summary import performance_summary
 from dfvg.reports.plots import write_plots
-from dfvg.reports.records import RunResults
 from dfvg.reports.resources_log import resource_log
 
 REPORT_FILES = ("performance_summary.json", "energy_analysis.csv", "ablation_results.json",

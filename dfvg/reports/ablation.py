@@ -9,7 +9,7 @@ Every number is a `{value, unit, provenance, source}` record.
 
 from __future__ import annotations
 
-from dfvg.reports.records import (
+from dfvg.host.records import (
     RunResults,
     VariantResult,
     acceptance_metrics,

@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from dfvg.errors import UserError  # noqa: E402
-from dfvg.reports.records import mean_std, record  # noqa: E402
+from dfvg.host.records import mean_std, record  # noqa: E402
 
 CSV_HEADER = ("run_id", "experiment", "variant", "tokens_per_second", "tokens_per_second_std", "speedup",
               "speedup_provenance", "acceptance_rate", "mean_accepted_length", "projected_tokens_per_second",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 
-from dfvg.reports.records import RunResults, VariantResult, energy_totals
+from dfvg.host.records import RunResults, VariantResult, energy_totals
 
 HEADER = ("component", "variant", "quantity", "value", "unit", "provenance", "source")
 UNAVAILABLE = "unavailable"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from dfvg.reports.records import RunResults
+from dfvg.host.records import RunResults
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("dfvg", "torch", "transformers", "tokenizers", "safetensors", "numpy", "matplotlib", "pyyaml",

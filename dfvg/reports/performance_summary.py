@@ -11,7 +11,7 @@ projected{...}?}}, skipped{name: reason}}.
 
 from __future__ import annotations
 
-from dfvg.reports.records import (
+from dfvg.host.records import (
     RunResults,
     VariantResult,
     acceptance_metrics,

@@ -18,13 +18,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dfvg.reports.energy import energy_rows  # noqa: E402
-from dfvg.reports.records import (  # noqa: E402
+from dfvg.host.records import (  # noqa: E402
     RunResults,
     has_projection,
     mean_std,
     tokens_per_second_by_run,
 )
+from dfvg.reports.energy import energy_rows  # noqa: E402
 
 STAGE_COLOURS = {"draft": "tab:orange", "verify": "tab:blue", "prefill": "tab:gray"}
 

@@ -13,7 +13,7 @@ import statistics
 
 from dfvg.energy import GpuSample
 from dfvg.errors import UserError
-from dfvg.reports.records import RunResults
+from dfvg.host.records import RunResults
 
 GPU_FIELDS = (("memory_used_b", "memory used", 1 / 2**20, "MiB"), ("utilization_pct", "utilization", 1, "%"),
               ("sm_clock_mhz", "SM clock", 1, "MHz"), ("mem_clock_mhz", "memory clock", 1, "MHz"),

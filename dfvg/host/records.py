@@ -1,4 +1,5 @@
-"""What an experiment run hands to the report writers, and the aggregates every report shares.
+"""The records an experiment run produces (`dfvg.host.experiments`), handed to the report writers, and the
+aggregates every report shares. They live beside the code that fills them; `dfvg.reports` only reads them.
 
 Owns: `Generation` (one prompt decoded by one variant in one repetition), `VariantResult` (all of a
 variant's generations, its energy measurements and GPU samples), `RunResults` (the whole run), and the
