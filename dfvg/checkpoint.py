@@ -12,24 +12,34 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from dfvg.errors import UserError
 from dfvg.model import SUPPORTED_MODEL_TYPES, ModelConfig, Transformer
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+POSITIVE_INT_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+OPTIONAL_POSITIVE_INT_KEYS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def read_json(path: Path, what: str) -> dict:
-    """Parse a JSON file, turning a missing or broken file into one clear line."""
+REFETCH = "re-download or re-convert the checkpoint"
+
+
+def read_json(path: Path, what: str, fix: str = "fix or regenerate it") -> dict:
+    """Parse a JSON object file, turning a missing or broken file into one clear line ending in `fix`."""
     if not path.is_file():
         raise UserError(f"{what} not found: {path}")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise UserError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+        raise UserError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}); {fix}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"cannot read {path} ({err}); {fix}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must hold a JSON object, got a JSON {type(data).__name__}; {fix}")
+    return data
 
 
 def checkpoint_dir(path: str | Path) -> Path:
@@ -55,6 +65,21 @@ def _rope_settings(raw: dict) -> tuple[float, dict | None]:
     return theta, scaling
 
 
+def _check_shapes(raw: dict) -> None:
+    """The shape keys are positive integers (a string or a 0 would fail deep inside the model)."""
+    for key in POSITIVE_INT_KEYS + OPTIONAL_POSITIVE_INT_KEYS:
+        value = raw.get(key)
+        if value is None and key in OPTIONAL_POSITIVE_INT_KEYS:
+            continue
+        if key not in raw:
+            raise KeyError(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"config.json: {key} must be a positive integer, got {value!r}; {REFETCH}")
+    if raw["hidden_size"] % raw["num_attention_heads"] and not raw.get("head_dim"):
+        raise UserError(f"config.json: hidden_size {raw['hidden_size']} is not a multiple of num_attention_heads "
+                        f"{raw['num_attention_heads']} and no head_dim is given")
+
+
 def config_from_dict(raw: dict) -> ModelConfig:
     """Map an HF config dict to ModelConfig, refusing architectures DFVG does not implement."""
     model_type = raw.get("model_type")
@@ -62,6 +87,7 @@ def config_from_dict(raw: dict) -> ModelConfig:
         raise UserError(
             f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
+    _check_shapes(raw)
     if raw.get("mlp_bias"):
         raise UserError("mlp_bias=true is not supported (DFVG's SwiGLU MLP has no bias)")
     theta, scaling = _rope_settings(raw)
@@ -113,11 +139,11 @@ def _embed_rows(raw: dict) -> bool:
 
 def load_config(path: str | Path) -> ModelConfig:
     """ModelConfig of a checkpoint directory."""
-    raw = read_json(checkpoint_dir(path) / "config.json", "config.json")
+    raw = read_json(checkpoint_dir(path) / "config.json", "config.json", REFETCH)
     try:
         return config_from_dict(raw)
     except KeyError as err:
-        raise UserError(f"{Path(path) / 'config.json'} lacks the key {err.args[0]!r}") from None
+        raise UserError(f"{Path(path) / 'config.json'} lacks the key {err.args[0]!r}; {REFETCH}") from None
 
 
 def safetensors_files(directory: Path) -> list[Path]:
@@ -141,11 +167,29 @@ def safetensors_files(directory: Path) -> list[Path]:
     raise UserError(f"no model.safetensors or model.safetensors.index.json in {directory}")
 
 
+def _open_weights(file: Path):
+    """safe_open, turning a truncated or corrupt file (the Rust reader's SafetensorError) into one line."""
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise UserError(f"{file} is not a readable safetensors file ({err}); it is truncated or corrupt: "
+                        f"{REFETCH}") from None
+
+
+def check_weights(directory: Path) -> list[Path]:
+    """The weight files, each with a readable header that covers the whole file; returns them."""
+    files = safetensors_files(directory)
+    for file in files:
+        with _open_weights(file) as handle:
+            handle.keys()
+    return files
+
+
 def read_tensors(directory: Path, dtype: torch.dtype) -> dict[str, Tensor]:
     """All tensors of the checkpoint, cast to dtype one at a time (keeps peak memory low)."""
     tensors: dict[str, Tensor] = {}
     for file in safetensors_files(directory):
-        with safe_open(str(file), framework="pt") as handle:
+        with _open_weights(file) as handle:
             for name in handle.keys():
                 tensor = handle.get_tensor(name)  # integer tensors (a head's token ids) keep their dtype
                 tensors[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor

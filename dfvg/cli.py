@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from dfvg.errors import UserError
+from dfvg.errors import OneLineParser, UserError, report_interrupt
 
 DRAFT_DEVICE_HELP = "where the draft runs: cpu, cuda, cuda:N or fpga (bit-exact integer emulation)"
 
@@ -83,7 +83,7 @@ def fpga_options(args: argparse.Namespace) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dfvg", description="Draft-on-FPGA, Verify-on-GPU speculative decoding")
+    parser = OneLineParser(prog="dfvg", description="Draft-on-FPGA, Verify-on-GPU speculative decoding")
     commands = parser.add_subparsers(dest="command", required=True)
     add_generate_parser(commands)
     run = commands.add_parser("run", help="run an experiment config (same as scripts/run_experiments.py)")
@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return report_interrupt(resumable=args.command == "run")
     return 0
 
 

@@ -213,7 +213,10 @@ def read_prompt_file(path: str | Path) -> tuple[list[dict[str, str]], list[tuple
     except json.JSONDecodeError as exc:
         raise UserError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; "
                         f"a truncated dump can be read with load_sharegpt") from None
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                        "re-save it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+    except (OSError, EOFError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
     raise UserError(f"{path}: unknown prompt file type; use .json, .jsonl or .jsonl.gz")
 
@@ -230,5 +233,5 @@ def load_prompts(source: str | Path, limit: int | None = None) -> list[dict[str,
         raise UserError(f"{source}: record {index}: {reason} ({len(errors)} bad record(s)); "
                         f"scripts/prepare_dataset.py --input {source} writes the good ones")
     if not prompts:
-        raise UserError(f"{source}: no prompts")
+        raise UserError(f"{source}: no prompts (the file holds no records); give a file with at least one prompt")
     return prompts[:limit]

@@ -309,11 +309,10 @@ def _is_offline_error(exc: BaseException) -> bool:
 def fetch_hf(repo_id: str, models_dir: Path, name: str | None = None) -> Path:
     """Download a safetensors checkpoint from the hub into `models_dir/<name>` (temp dir, then rename)."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
     out_dir = models_dir / (name or repo_id.rstrip("/").split("/")[-1].lower())
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    models_dir.mkdir(parents=True, exist_ok=True)
     try:
         snapshot_download(repo_id, allow_patterns=HF_PATTERNS, local_dir=str(tmp))
         shutil.rmtree(tmp / ".cache", ignore_errors=True)  # the hub's download bookkeeping
@@ -322,6 +321,8 @@ def fetch_hf(repo_id: str, models_dir: Path, name: str | None = None) -> Path:
         _replace_dir(tmp, out_dir)
     except RepositoryNotFoundError:
         raise UserError(f"hub repo {repo_id} not found (or gated); check the id") from None
+    except HFValidationError:
+        raise UserError(f"--hf-repo {repo_id!r} is not a hub repo id; use OWNER/NAME, e.g. Qwen/Qwen2.5-1.5B") from None
     except Exception as exc:
         if _is_offline_error(exc):
             raise UserError(f"the Hugging Face hub is unreachable ({type(exc).__name__}) for {repo_id}; "

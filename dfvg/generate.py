@@ -208,7 +208,7 @@ def check_lengths(prompt_ids: list[int], max_new_tokens: int, draft_length: int,
     if len(prompt_ids) + max_new_tokens > limit:
         raise UserError(
             f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-            f"context of {limit} positions"
+            f"context of {limit} positions; shorten the prompt or lower max_new_tokens"
         )
 
 

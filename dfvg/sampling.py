@@ -7,6 +7,7 @@ draw. Greedy decoding is the temperature-0 case: the processed distribution is o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,8 +25,8 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise UserError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:  # NaN fails this too
+            raise UserError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k < 0:
             raise UserError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0 < self.top_p <= 1:

@@ -27,7 +27,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(file))
     except Exception as err:  # the Rust side raises a bare Exception with its parse error
-        raise UserError(f"cannot read {file}: {err}") from None
+        raise UserError(f"cannot read {file} ({err}); copy tokenizer.json again from the model's source") from None
 
 
 def eos_token_ids(path: str | Path) -> list[int]:
@@ -78,6 +78,16 @@ def encode_prompt(tokenizer: Tokenizer, checkpoint: str | Path, prompt: str,
     if template is None:
         return encode(tokenizer, prompt), False
     return encode(tokenizer, render_chat(template, prompt), add_special_tokens=False), True
+
+
+def check_fits(prompts: list[dict], max_new_tokens: int, context: int, source: str) -> None:
+    """Refuse, before anything runs, prompts (`{"id", "ids"}`) that leave no room for max_new_tokens."""
+    too_long = [p for p in prompts if len(p["ids"]) + max_new_tokens > context]
+    if too_long:
+        worst = max(too_long, key=lambda p: len(p["ids"]))
+        raise UserError(f"{source}: prompt {worst['id']!r} has {len(worst['ids'])} tokens, which with max_new_tokens "
+                        f"{max_new_tokens} exceeds the target's context of {context} positions ({len(too_long)} "
+                        "prompt(s) too long); lower max_new_tokens or drop the long prompts")
 
 
 def decode(tokenizer: Tokenizer, ids: list[int]) -> str:

@@ -4,7 +4,7 @@
     python scripts/add_model.py --target new_model --draft new_draft [--name NAME]
 
 --target / --draft take a checkpoint directory or a folder name under models/. Both must have a
-config.json DFVG supports and safetensors weights, and the draft's tokenizer must be the target's
+config.json DFVG supports and readable safetensors weights, and the draft's tokenizer must be the target's
 (same token -> id map). No code changes: experiment configs then say `pair: NAME`, and
 scripts/run_all.py uses the registered draft when --draft-path is left out. The registry is written to a
 temp file and renamed. A failed check is one line on stderr, exit 2.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dfvg.checkpoint import load_config, safetensors_files  # noqa: E402
-from dfvg.errors import UserError  # noqa: E402
+from dfvg.checkpoint import check_weights, load_config  # noqa: E402
+from dfvg.errors import OneLineParser, UserError  # noqa: E402
 from dfvg.host import experiment_config as ec  # noqa: E402
 from dfvg.tokenizer import check_compatible, load_tokenizer  # noqa: E402
 
@@ -29,7 +29,7 @@ def validate(target: Path, draft: Path) -> str:
     configs = {}
     for role, path in (("target", target), ("draft", draft)):
         configs[role] = load_config(path)
-        safetensors_files(path)
+        check_weights(path)
     check_compatible(load_tokenizer(target), load_tokenizer(draft), draft)
     t, d = configs["target"], configs["draft"]
     return (f"target {t.model_type} {t.num_layers} layers d={t.hidden_size}, draft {d.model_type} "
@@ -37,7 +37,7 @@ def validate(target: Path, draft: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True, help="target checkpoint directory or name under models/")
     parser.add_argument("--draft", required=True, help="draft checkpoint directory or name under models/")
     parser.add_argument("--name", help="pair name (default: the target folder's name)")

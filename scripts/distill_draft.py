@@ -21,15 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfvg.distill.pipeline import DistillOptions, run  # noqa: E402
-from dfvg.errors import UserError  # noqa: E402
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line (like every other DFVG user error), exit 2."""
-
-    def error(self, message: str):
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
+from dfvg.errors import OneLineParser, UserError  # noqa: E402
+from dfvg.outputs import check_writable  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> DistillOptions:
@@ -84,8 +77,12 @@ def parse_args(argv: list[str] | None) -> DistillOptions:
 
 
 def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
     try:
-        summary = run(parse_args(argv), log=lambda line: print(line, flush=True))
+        check_writable(opts.output, "--output")
+        if opts.teacher_cache:
+            check_writable(opts.teacher_cache, "--teacher-cache")
+        summary = run(opts, log=lambda line: print(line, flush=True))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

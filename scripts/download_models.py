@@ -19,14 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfvg import download  # noqa: E402
 from dfvg.distill.export import TOKENIZER_FILES  # noqa: E402
-from dfvg.errors import UserError  # noqa: E402
+from dfvg.errors import OneLineParser, UserError  # noqa: E402
+from dfvg.outputs import check_writable  # noqa: E402
 from dfvg.pins import DEFAULT_PINS  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=[p.role for p in DEFAULT_PINS], help="fetch only this role")
     parser.add_argument("--models-dir", type=Path, default=REPO_ROOT / "models",
                         help="where converted HF directories go (default: <repo>/models)")
@@ -39,6 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.name and not args.hf_repo:
         parser.error("--name goes with --hf-repo")
+    if args.name is not None and (Path(args.name).name != args.name or args.name in ("", ".", "..")):
+        parser.error(f"--name must be a plain folder name under --models-dir (no '/', not '.' or '..'), "
+                     f"got {args.name!r}")
     return args
 
 
@@ -66,9 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cache_dir = (args.cache_dir or download.default_cache_dir()).expanduser()
     try:
+        check_writable(args.models_dir, "--models-dir")
         if args.hf_repo:
             download.fetch_hf(args.hf_repo, args.models_dir, args.name)
             return 0
+        check_writable(cache_dir, "--cache-dir (or $DFVG_CACHE)")
         for pin in DEFAULT_PINS:
             if args.only in (None, pin.role):
                 download.prepare_model(pin, args.models_dir, cache_dir, keep_gguf=args.keep_gguf)

@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfvg import datasets  # noqa: E402
-from dfvg.errors import UserError  # noqa: E402
+from dfvg.errors import OneLineParser, UserError  # noqa: E402
+from dfvg.outputs import check_output_file  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,19 +53,23 @@ def write_jsonl(prompts: list[dict[str, str]], output: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", required=True, help="a .json/.jsonl/.jsonl.gz file, or humaneval/sharegpt")
     parser.add_argument("--output", type=Path, help="output JSONL (default: data/<input name>.jsonl)")
     parser.add_argument("--limit", type=int, help="keep only the first N prompts")
     args = parser.parse_args(argv)
     output = args.output or default_output(args.input)
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit must be >= 1 (or left out for every prompt), got {args.limit}")
     try:
+        check_output_file(output, "--output")
         prompts, errors = read(args.input)
         for index, reason in errors:
             print(f"skipped record {index}: {reason}", file=sys.stderr)
         prompts = prompts[: args.limit]
         if not prompts:
-            raise UserError(f"{args.input}: no usable prompts ({len(errors)} malformed record(s))")
+            raise UserError(f"{args.input}: no usable prompts ({len(errors)} malformed record(s)); give a file with "
+                            "at least one well-formed prompt")
         write_jsonl(prompts, output)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

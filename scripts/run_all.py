@@ -10,6 +10,8 @@ is used. --dataset-path takes a prompt file (see scripts/prepare_dataset.py) or 
 (humaneval, sharegpt). The run is an ordinary experiment named after --tag: its reports land in
 <output>/<tag>-<time>/ like scripts/run_experiments.py's, and the last stdout line is one JSON object
 with each variant's tokens/s and speedup (mean ± std over the runs). Bad input: one line, exit 2.
+Ctrl-C: one line, exit 130, no report; the repetitions completed so far are kept under
+<output>/.<tag>.progress/ and the same command run again resumes after them (dfvg/host/resume.py).
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dfvg.errors import UserError  # noqa: E402
+from dfvg.errors import OneLineParser, UserError, report_interrupt  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", required=True, help="target checkpoint directory")
     parser.add_argument("--draft-path", help="draft checkpoint directory (default: the registered draft)")
     parser.add_argument("--dataset-path", required=True, help="prompt file, or humaneval / sharegpt")
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return report_interrupt(resumable=True)
     print(json.dumps(headline(run_dir)))
     return 0
 

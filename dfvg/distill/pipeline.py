@@ -111,6 +111,16 @@ def teacher_sequences(opts: DistillOptions, prompts: list[data.Prompt], temperat
     return sequences
 
 
+def check_fits_target(opts: DistillOptions, target_cfg) -> None:
+    """The options that depend on the target, refused before the (slow) teacher phase writes anything."""
+    if opts.vocab_top > target_cfg.vocab_size:
+        raise UserError(f"--vocab-top must be in [1, {target_cfg.vocab_size}] (the target's vocabulary), "
+                        f"got {opts.vocab_top}")
+    if opts.init == "target-pca" and opts.shape().hidden > target_cfg.hidden_size:
+        raise UserError(f"--init target-pca needs --hidden <= the target's hidden size {target_cfg.hidden_size}; "
+                        "lower --hidden or pass --init random")
+
+
 def teacher_dtype(opts: DistillOptions) -> str:
     if opts.teacher_dtype:
         if opts.teacher_dtype not in ("float32", "bfloat16"):
@@ -167,6 +177,7 @@ def run(opts: DistillOptions, log=print) -> dict:
     target_dir = checkpoint_dir(opts.target)
     device = resolve_device(opts.device)
     target_raw = read_json(target_dir / "config.json", "config.json")
+    check_fits_target(opts, load_config(target_dir))
     prompts = data.load_prompt_ids(opts.prompts, load_tokenizer(target_dir), opts.max_prompt_tokens)
     train_prompts, held_prompts = data.split(prompts, opts.heldout_fraction)
     log(f"data: {len(train_prompts)} train / {len(held_prompts)} held-out prompts, "

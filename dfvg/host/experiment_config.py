@@ -320,10 +320,14 @@ def register_pair(name: str, target: Path, draft: Path, registry: Path = REGISTR
     pairs = load_registry(registry)
     pairs[name] = {"target": rel(target), "draft": rel(draft)}
     text = REGISTRY_HEADER + yaml.safe_dump({"pairs": pairs}, sort_keys=False)
-    registry.parent.mkdir(parents=True, exist_ok=True)
     tmp = registry.with_name(f".{registry.name}.tmp-{os.getpid()}")
     try:
+        registry.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text)
         os.replace(tmp, registry)
+    except OSError as err:
+        raise UserError(f"cannot write the model registry {registry} ({err.strerror}); make its folder "
+                        "writable or pass another --registry") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)

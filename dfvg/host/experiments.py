@@ -45,10 +45,12 @@ from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, load_device_co
 from dfvg.host.experiment_config import ExperimentConfig, load_experiment_config
 from dfvg.host.projection import modeled_prefill_s, project_times
 from dfvg.host.records import Generation, RunResults, VariantResult
+from dfvg.host.resume import Progress
 from dfvg.host.timeline import Timeline
+from dfvg.outputs import check_writable
 from dfvg.sampling import SamplingParams
 from dfvg.stats import Metric
-from dfvg.tokenizer import check_compatible, encode, eos_token_ids, load_tokenizer
+from dfvg.tokenizer import check_compatible, check_fits, encode, eos_token_ids, load_tokenizer
 from dfvg.tokenizer import decode as decode_text
 
 DESCRIPTIONS = {
@@ -160,6 +162,7 @@ def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
     if cfg.uses_draft:
         check_compatible(tokenizer, load_tokenizer(cfg.draft_model), cfg.draft_model)
     prompts = load_prompts_ids(cfg, tokenizer)
+    check_fits(prompts, cfg.max_new_tokens, load_config(cfg.target_model).max_position_embeddings, cfg.dataset)
     device = resolve_device(verify_device)
     dtype = resolve_dtype(cfg.dtype if cfg.dtype != "auto" else
                           ("bfloat16" if device.type == "cuda" else "float32"))
@@ -302,34 +305,43 @@ def decode_batch(plan: Plan, ctx: Context, group: list[dict], first: int, run: i
             for i, (p, r) in enumerate(zip(group, results, strict=True))]
 
 
-def execute(cfg: ExperimentConfig, ctx: Context) -> dict[str, VariantResult]:
+def execute(cfg: ExperimentConfig, ctx: Context, progress: Progress) -> dict[str, VariantResult]:
     chosen = plans(cfg)
     variants = {p.name: new_variant(p, ctx) for p in chosen}
     runnable = [p for p in chosen if variants[p.name].skipped is None]
     if cfg.warmup:
         ctx.warmup_s = warm_up(runnable, ctx)
     total = cfg.num_runs * len(runnable) * len(ctx.prompts)
-    with tqdm(total=total, desc=cfg.name, unit="gen", file=sys.stderr, dynamic_ncols=True) as bar:
-        for run in range(cfg.num_runs):
+    restored = progress.restore(variants)  # repetitions an interrupted run of the same command completed
+    if restored:
+        ctx.notes.append(f"the first {restored} of {cfg.num_runs} repetitions were measured by an interrupted "
+                         "earlier run of the same command (dfvg.host.resume)")
+    with tqdm(total=total, initial=total * restored // cfg.num_runs, desc=cfg.name, unit="gen", file=sys.stderr,
+              dynamic_ncols=True, disable=None) as bar:  # no bar when stderr is not a terminal
+        for run in range(restored, cfg.num_runs):
             chunk = max(batch_size_of(p, cfg) for p in runnable)  # every variant takes these prompts in turn
             for first in range(0, len(ctx.prompts), chunk):
                 for plan in runnable:
                     end = min(first + chunk, len(ctx.prompts))
                     for group_first in range(first, end, batch_size_of(plan, cfg)):
                         run_group(plan, variants[plan.name], ctx, run, group_first, bar, stop=end)
+            progress.save(run + 1, variants)
     return variants
 
 
 def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | Path | None = None) -> Path:
     """Run every configured variant and write one report directory; returns its path."""
     cfg = config if isinstance(config, ExperimentConfig) else load_experiment_config(config)
+    root = Path(output) if output else cfg.output_dir
+    check_writable(root, "--output (or output_dir)")
+    progress = Progress.of(cfg, root)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     started = datetime.now(timezone.utc)
     nvml = Nvml.open()
     with torch.inference_mode():  # the overlap pipeline's draft thread follows this mode (pipeline.py)
         ctx = build_context(cfg, nvml)
-        variants = execute(cfg, ctx)
+        variants = execute(cfg, ctx, progress)
     results = RunResults(
         config=cfg, run_id=f"{cfg.name}-{started.strftime('%Y%m%dT%H%M%SZ')}", variants=variants,
         started_utc=started.isoformat(timespec="seconds"),
@@ -338,7 +350,8 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
         gpu_reason=nvml.reason, gpu_names=nvml.names,
         peak_rss_b=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0, notes=ctx.notes,
         warmup_s=ctx.warmup_s)
-    run_dir = reports.write_run_reports(results, Path(output) if output else cfg.output_dir)
+    run_dir = reports.write_run_reports(results, root)
+    progress.clear()
     print_summary(results, run_dir)
     return run_dir
 

@@ -2,7 +2,8 @@
 
 `write_run_reports(results, root)` writes into `root/.<run_id>.tmp-<pid>` and renames it to
 `root/<run_id>` only when every file is written, so a crash never leaves a half-written run that
-`scripts/collect_results.py` would pick up. Files:
+`scripts/collect_results.py` would pick up; a root that cannot take them is refused in one line
+(`dfvg.outputs.check_writable`, which the experiment runner also calls before it starts). Files:
 
     performance_summary.json   speed, acceptance, match vs baseline, projected board speed (performance_summary)
     energy_analysis.csv        energy per component x variant (energy)
@@ -23,6 +24,7 @@ import shutil
 from pathlib import Path
 
 from dfvg.host.records import RunResults
+from dfvg.outputs import check_writable
 from dfvg.reports.ablation import ablation_results
 from dfvg.reports.energy import energy_csv
 from dfvg.reports.metadata import config_text, cpu_model, run_metadata
@@ -80,6 +82,7 @@ def unique_dir(root: Path, run_id: str) -> Path:
 def write_run_reports(results: RunResults, root: Path) -> Path:
     """Write every report of the run into a fresh directory under root, atomically; returns it."""
     root = Path(root)
+    check_writable(root, "--output (or output_dir)")
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{results.run_id}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

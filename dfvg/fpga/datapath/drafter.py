@@ -142,6 +142,9 @@ class FpgaDrafter:
         with this datapath as the device (the tests do that; no board exists in this project).
         """
         check_options(bits, mode, board, xclbin, xrt_backend)
+        if bits == 4 and (group_size < 2 or group_size % 2):
+            raise UserError(f"--fpga-group-size must be an even integer >= 2 that divides the draft's matrix "
+                            f"widths (e.g. 32, 64, 128), got {group_size}")
         tensors, meta = load_or_build(draft_dir, bits, group_size, artifact_dir)
         config = load_config(draft_dir)
         device = resolve_device(emulate_device)
