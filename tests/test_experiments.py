@@ -215,6 +215,23 @@ def test_batch_variant_runs_plain_and_speculative_at_each_batch_size(tiny_pair, 
     assert summary["variants"]["batch:B=2:spec"]["acceptance"]["output_match_rate"]["value"] == 1.0
 
 
+def test_extra_drafts_run_as_their_own_speculative_variants(tiny_pair, tmp_path):
+    """extra_drafts: {self: <the target>}: `speculative:self` drafts with the target itself, so every draft is
+    accepted, next to `speculative` with draft_model; both lossless."""
+    from dfvg.host.experiments import run_experiments
+
+    raw = tiny_config(tiny_pair, tmp_path, num_runs=1, variants=["baseline", "speculative"],
+                      extra_drafts={"self": str(tiny_pair[0])})
+    summary = json.loads((run_experiments(raw) / "performance_summary.json").read_text())
+    own, plain_draft = summary["variants"]["speculative:self"], summary["variants"]["speculative"]
+    assert own["acceptance"]["acceptance_rate"]["value"] == 1.0
+    assert plain_draft["acceptance"]["acceptance_rate"]["value"] < 1.0
+    assert own["acceptance"]["output_match_rate"]["value"] == plain_draft["acceptance"]["output_match_rate"][
+        "value"] == 1.0
+    missing = tiny_config(tiny_pair, tmp_path, extra_drafts={"gone": str(tmp_path / "nowhere")})
+    assert "extra_drafts.gone" in refusal(missing, tmp_path)
+
+
 def test_batch_variant_needs_sizes_and_enough_prompts(tiny_pair, tmp_path):
     assert "batch_sizes" in refusal(tiny_config(tiny_pair, tmp_path, variants=["batch"]), tmp_path)
     raw = tiny_config(tiny_pair, tmp_path, variants=["batch"], batch_sizes=[8], num_prompts=2)

@@ -43,6 +43,7 @@ class ExperimentConfig:
     name: str
     target_model: Path
     draft_model: Path | None
+    extra_drafts: dict[str, Path] = field(default_factory=dict)  # name -> checkpoint: speculative:<name> too
     dataset: str = "humaneval"
     num_prompts: int = 4
     max_new_tokens: int = 64
@@ -129,12 +130,20 @@ def _mapping_or_path(value: Any) -> Any:
     return value
 
 
+def _named_paths(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v
+                                              for k, v in value.items()):
+        raise ValueError("must be a mapping of names to checkpoint directories, e.g. {0.5b: models/DIR}")
+    return dict(value)
+
+
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else parse(value)
 
 
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "name": _text, "target_model": _text, "draft_model": _optional(_text), "pair": _text,
+    "extra_drafts": _named_paths,
     "dataset": _text, "num_prompts": _int(1), "max_new_tokens": _int(1), "draft_length": _int(1),
     "draft_length_sweep": _int_list, "draft_params": _text, "batch_size": _int(1), "batch_sizes": _int_list,
     "devices": _mapping_or_path, "device_config": _text, "dtype": _choice(DTYPES),
@@ -256,6 +265,10 @@ def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None
     for key in PATH_KEYS:
         if values.get(key) is not None:
             values[key] = find_path(str(values[key]), bases)
+    extra = {name: find_path(path, bases) for name, path in values.get("extra_drafts", {}).items()}
+    for name, path in extra.items():
+        check_model_dir(path, f"extra_drafts.{name}", source)
+    values["extra_drafts"] = extra
     values.setdefault("name", Path(source).stem if source != "<dict>" else "experiment")
     values.setdefault("draft_model", None)
     check_models(values, source)

@@ -74,6 +74,7 @@ class Plan:
     draft_length: int
     adaptive: bool = False
     batch_size: int = 0  # prompts decoded together; 0: the config's batch_size
+    draft: str = ""  # an extra_drafts name: this draft instead of draft_model
 
 
 def batch_size_of(plan: Plan, cfg: ExperimentConfig) -> int:
@@ -88,7 +89,8 @@ def plans(cfg: ExperimentConfig) -> list[Plan]:
     k = cfg.draft_length
     ahead = "fpga" if cfg.devices.draft == "fpga" else "torch"  # overlap/adaptive draft where devices.draft says
     table = {"baseline": [Plan("baseline", "none", "ar", 0)],
-             "speculative": [Plan("speculative", "torch", "sync", k)],
+             "speculative": [Plan("speculative", "torch", "sync", k)] + [
+                 Plan(f"speculative:{name}", "torch", "sync", k, draft=name) for name in cfg.extra_drafts],
              "fpga": [Plan("fpga", "fpga", "sync", k)],
              "overlap": [Plan("overlap", ahead, "overlap", k)],
              "adaptive": [Plan("adaptive", ahead, "overlap", k, adaptive=True)],
@@ -114,6 +116,7 @@ class Context:
     verify_device: str
     devices: DeviceConfig | None = None
     torch_drafter: Any = None
+    extra_drafters: dict = field(default_factory=dict)  # extra_drafts name -> its drafter
     fpga_drafter: Any = None
     fpga_power: Metric | None = None
     board: Any = None
@@ -173,6 +176,11 @@ def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
     if any(p.drafter == "torch" for p in plans(cfg)):
         ctx.torch_drafter = make_drafter(cfg.draft_model, ctx.draft_device, dtype, engine.verifier.vocab_size,
                                          fast=not cfg.eager)
+    if "speculative" in cfg.variants:
+        for name, path in cfg.extra_drafts.items():
+            check_compatible(tokenizer, load_tokenizer(path), path)
+            ctx.extra_drafters[name] = make_drafter(path, ctx.draft_device, dtype, engine.verifier.vocab_size,
+                                                    fast=not cfg.eager)
     if cfg.draft_model is not None:
         load_fpga(cfg, ctx, dtype, fpga_options(devices))
     ctx.dtype = dtype
@@ -180,6 +188,8 @@ def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
 
 
 def drafter_of(plan: Plan, ctx: Context) -> Any:
+    if plan.draft:
+        return ctx.extra_drafters[plan.draft]
     return {"none": None, "torch": ctx.torch_drafter, "fpga": ctx.fpga_drafter}[plan.drafter]
 
 
@@ -254,6 +264,8 @@ def skip_reason(plan: Plan, ctx: Context) -> str | None:
 def new_variant(plan: Plan, ctx: Context) -> VariantResult:
     base = plan.name.split(":")[0]
     description = DESCRIPTIONS[base] + (f" = {plan.draft_length}" if base == "sweep" else "")
+    if plan.draft:
+        description += f", draft {ctx.cfg.extra_drafts[plan.draft]}"
     draft_device = {"none": None, "torch": ctx.draft_device, "fpga": "fpga"}[plan.drafter]
     return VariantResult(plan.name, description, plan.mode, plan.drafter, draft_device, ctx.verify_device,
                          plan.draft_length, plan.adaptive, fpga_power=ctx.fpga_power if plan.drafter == "fpga"
