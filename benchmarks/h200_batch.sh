@@ -5,20 +5,13 @@
 set -euo pipefail
 chunks=$1 draft_weights=$2 out=$3
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-mkdir -p /root/cache/gguf "$out"
-cat "$chunks"/c* > /root/all.bin
-head -c 1117320768 /root/all.bin > /root/cache/gguf/qwen2.5-coder-1.5b-instruct.gguf
-tail -c +1117320769 /root/all.bin > /root/cache/gguf/qwen2.5-coder-0.5b-instruct.gguf
-rm /root/all.bin
-sha256sum /root/cache/gguf/*.gguf "$draft_weights" > "$out/sha256.txt"
-cmp -s "$draft_weights" drafts/*/model.safetensors || cp "$draft_weights" drafts/*/model.safetensors
+# shellcheck source=benchmarks/h200_weights.sh
+source benchmarks/h200_weights.sh
 python3 -m pytest -q -m gpu tests/test_gpu_graphs.py tests/test_gpu_kernels.py 2>&1 | tail -3 > "$out/gpu_tests.log" &
 tests=$!
 python3 scripts/download_models.py --cache-dir /root/cache --only target 2>&1 | tail -2
 wait $tests || true
-sed 's/^variants: .*/variants: [baseline, speculative, batch]/' configs/gpu.yaml > configs/gpu-batch.yaml
+sed -e 's/^variants: .*/variants: [baseline, speculative, batch]/' -e '/^extra_drafts:/d' configs/gpu.yaml > configs/gpu-batch.yaml
 python3 scripts/run_experiments.py --config configs/gpu-batch.yaml --output /root/results > "$out/batch.log" 2>&1
 cp /root/results/gpu-*/performance_summary.json "$out/batch_performance_summary.json"
 echo DONE

@@ -8,15 +8,8 @@
 set -euo pipefail
 chunks=$1 draft_weights=$2 out=$3
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-mkdir -p /root/cache/gguf "$out"
-cat "$chunks"/c* > /root/all.bin
-head -c 1117320768 /root/all.bin > /root/cache/gguf/qwen2.5-coder-1.5b-instruct.gguf
-tail -c +1117320769 /root/all.bin > /root/cache/gguf/qwen2.5-coder-0.5b-instruct.gguf
-rm /root/all.bin
-sha256sum /root/cache/gguf/*.gguf "$draft_weights" | tee "$out/sha256.txt"
-cmp -s "$draft_weights" drafts/*/model.safetensors || cp "$draft_weights" drafts/*/model.safetensors
+# shellcheck source=benchmarks/h200_weights.sh
+source benchmarks/h200_weights.sh
 python3 scripts/download_models.py --cache-dir /root/cache 2>&1 | tail -4
 python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --gguf-dir /root/cache/gguf --work-dir /root/w \
   --prompts-file .chunks/prompts.json --prompts 20 --results /root/res --out "$out" 2>&1 | tee "$out/gpu_speed.log"
