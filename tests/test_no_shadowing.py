@@ -2,8 +2,9 @@
 
 Why: `fpga/scripts/kernels.py` once sat on `sys.path` (put there by a test) and shadowed the `kernels`
 package that transformers 5 imports, so a fresh machine failed 238 tests while an older one passed. A folder
-reaches `sys.path` in two ways: a file calls `sys.path.insert`/`append` on it, or it holds a script (a file
-with a `__main__` block), whose own folder Python puts first when it runs. For each such folder this test
+reaches `sys.path` in three ways: a file calls `sys.path.insert`/`append` on it, it holds a script (a file
+with a `__main__` block), whose own folder Python puts first when it runs, or a Makefile runs
+`cd DIR && $(PYTHON) -c ...` there (the current folder comes first for `-c`). For each such folder this test
 lists the modules it holds (`*.py` files and folders with `__init__.py`) and fails on any whose name is a
 top-level module of an installed distribution other than dfvg itself, or of the standard library.
 """
@@ -11,6 +12,7 @@ top-level module of an installed distribution other than dfvg itself, or of the 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from importlib.metadata import packages_distributions
 from pathlib import Path
@@ -59,6 +61,18 @@ def folders_put_on_sys_path(path: Path) -> set[Path]:
     return folders
 
 
+MAKE_PYTHON_C = re.compile(r"cd (\S+) && \$\(PYTHON\) -c")
+
+
+def folders_of_makefiles() -> dict[Path, set[Path]]:
+    """Makefile -> the folders its `cd DIR && $(PYTHON) -c` commands run Python in."""
+    found = {}
+    for makefile in ROOT.rglob("Makefile"):
+        if not SKIP_DIRS & set(makefile.relative_to(ROOT).parts):
+            found[makefile] = {(makefile.parent / d).resolve() for d in MAKE_PYTHON_C.findall(makefile.read_text())}
+    return found
+
+
 def modules_in(folder: Path) -> set[str]:
     files = {p.stem for p in folder.glob("*.py")}
     packages = {p.parent.name for p in folder.glob("*/__init__.py")}
@@ -83,13 +97,15 @@ def test_the_scan_sees_sys_path_calls_and_script_folders(tmp_path):
     folders = folders_put_on_sys_path(script)
     assert folders == {tmp_path, (tmp_path / "lib").resolve()}
     assert "json" in modules_in(tmp_path) & set(shadowed_names())
+    assert MAKE_PYTHON_C.findall("X := $(shell cd scripts && $(PYTHON) -c 'import k')") == ["scripts"]
 
 
 def test_no_repository_folder_on_sys_path_shadows_an_installed_module():
     owners = shadowed_names()
     clashes = []
-    for path in repository_python_files():
-        for folder in folders_put_on_sys_path(path):
+    places = {path: folders_put_on_sys_path(path) for path in repository_python_files()} | folders_of_makefiles()
+    for path, folders in places.items():
+        for folder in folders:
             for name in sorted(modules_in(folder) & set(owners)):
                 clashes.append(f"{path.relative_to(ROOT)} puts {folder} on sys.path; its {name!r} shadows "
                                f"{owners[name]}: rename it")
