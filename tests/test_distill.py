@@ -220,7 +220,7 @@ def test_bad_flags_are_one_line_errors(setup, capsys, argv, needle):
 
     base = ["--target", str(setup / "target"), "--output", str(setup / "bad"),
             "--prompts", str(setup / "prompts.jsonl"), "--teacher-cache", str(setup / "teacher"),
-            "--max-new-tokens", "24", "--steps", "1"]
+            "--max-new-tokens", "24", "--steps", "1", "--hidden", "32"]  # fits the tiny target's 64 (pca init)
     try:
         code = distill_draft.main(base + argv)
     except SystemExit as exc:  # argparse-level mistakes exit from the parser itself

@@ -271,8 +271,8 @@ def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None
     values["extra_drafts"] = extra
     values.setdefault("name", Path(source).stem if source != "<dict>" else "experiment")
     values.setdefault("draft_model", None)
+    values["devices"] = devices(values.get("devices"), bases, source)  # first: a GPU config refuses a CPU machine
     check_models(values, source)
-    values["devices"] = devices(values.get("devices"), bases, source)
     cfg = ExperimentConfig(**values, source=source)
     if "sweep" in cfg.variants and not cfg.draft_length_sweep:
         raise UserError(f"{source}: variant sweep needs draft_length_sweep, e.g. [1, 2, 4, 8]")
