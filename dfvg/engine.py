@@ -98,7 +98,7 @@ class Engine:
             return run_pipeline(self.verifier, drafter, prompt_ids, max_new_tokens, eos_ids=eos_ids,
                                 sampling=sampling, seed=seed, draft_length=k, mode=mode, adaptive=adaptive,
                                 timeline=timeline)
-        if sampling.greedy and fits_device_step(self.verifier, drafter, len(prompt_ids)):
+        if sampling.greedy and fits_device_step(self.verifier, drafter, len(prompt_ids), k):
             step = self._device_step(drafter, k)
         else:
             label = device_label(drafter) if drafter is not None else ""
@@ -132,5 +132,8 @@ class Engine:
                 self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2), k=k)
         if isinstance(self.verifier, GraphVerifier):
             self.verifier.prepare(max(k_values, default=0) + 1)
+        for drafter in self.drafters:
+            if isinstance(drafter, GraphDrafter):
+                drafter.prepare(max(k_values, default=0) + 1)  # overlap drafts k + 1 (the bonus guess first)
         synchronize(self.verifier.device)
         return time.perf_counter() - start

@@ -119,3 +119,21 @@ def test_cuda_graphs_match_eager_on_gpu(compile_blocks):
     ids = [4, 5, 6, 7]
     loop = generate(verifier, ids, 30, drafter=drafter, draft_length=3).tokens
     assert loop == generate(TorchVerifier(target), ids, 30).tokens
+
+
+def test_blocks_past_the_acceptance_kernel_fall_back_to_host_verification(pair):
+    """k + 1 > 16 rows (adaptive k_max = 16) exceeds the Triton acceptance kernel: no device step and no captured
+    verify-and-accept for such a block, the host verify instead, and still plain decoding's tokens."""
+    from dfvg.gpu.fast import fits_device_step
+    from dfvg.gpu.graphs import VERIFY_ROWS, verify_greedy
+
+    target, draft = pair
+    verifier, drafter = GraphVerifier(target, False, 96), GraphDrafter(target, 96, False, 96)
+    assert VERIFY_ROWS == 16
+    assert fits_device_step(verifier, drafter, 5, 15) and not fits_device_step(verifier, drafter, 5, 16)
+    verifier.prefill([3, 4, 5], 64)
+    assert verify_greedy(verifier, [3, 4, 5], [0] * 16) is None and verify_greedy(verifier, [3, 4, 5], [0] * 15)
+    ids = [3, 4, 5, 6]
+    want = generate(TorchVerifier(target), ids, 40).tokens
+    got = Engine(verifier).decode(drafter, ids, 40, k=20)
+    assert got.tokens == want and got.stats()["acceptance_rate"] == 1.0

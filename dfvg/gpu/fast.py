@@ -25,7 +25,7 @@ from torch import Tensor
 
 from dfvg.drafter import DraftBlock
 from dfvg.generate import Outcome
-from dfvg.gpu.graphs import GraphDrafter, GraphModel, GraphVerifier, draft_body
+from dfvg.gpu.graphs import VERIFY_ROWS, GraphDrafter, GraphModel, GraphVerifier, draft_body
 from dfvg.gpu.kernels import greedy_accept
 
 
@@ -94,7 +94,8 @@ class DeviceStep:
         return Outcome(DraftBlock(drafts, None, 0.0), num, nxt, time.perf_counter() - start)
 
 
-def fits_device_step(verifier: object, drafter: object, prompt_len: int) -> bool:
-    """Whether `DeviceStep` can run this generation: graph models only, and a token before the last one."""
+def fits_device_step(verifier: object, drafter: object, prompt_len: int, k: int) -> bool:
+    """Whether `DeviceStep` can run this generation: graph models only, a token before the last one, and at
+    most the acceptance kernel's rows."""
     graph_drafter = drafter is None or isinstance(drafter, GraphDrafter)
-    return isinstance(verifier, GraphVerifier) and graph_drafter and prompt_len >= 2
+    return isinstance(verifier, GraphVerifier) and graph_drafter and prompt_len >= 2 and k + 1 <= VERIFY_ROWS

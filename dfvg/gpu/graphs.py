@@ -6,10 +6,9 @@ with one launch, and `torch.compile` of one transformer block (shared by every l
 arguments, not constants) fuses the elementwise work so there are fewer kernels to replay.
 
 What this module owns: `GraphModel` (functional forward + graph capture per input length T over static
-input buffers), `GraphVerifier` (the `TorchVerifier` interface) and `GraphDrafter` (the `Drafter` protocol).
-Prefill stays eager (its length varies per prompt). The last `SCRATCH` cache slots are scratch space: warm-up
-and capture feed tokens there, which is harmless because a query at position p only attends to slots <= p,
-and real positions stay below them.
+buffers, chunked graph prefill), `GraphVerifier` (the `Verifier` interface, with a captured verify-and-accept)
+and `GraphDrafter` (the `Drafter` protocol). The last `SCRATCH` cache slots are scratch space for warm-up and
+capture: a query at position p only attends to slots <= p, and real positions stay below them.
 """
 
 from __future__ import annotations
@@ -24,12 +23,13 @@ from torch import Tensor
 
 from dfvg.drafter import DraftBlock, TorchDrafter
 from dfvg.gpu import fused
-from dfvg.gpu.kernels import greedy_accept
+from dfvg.gpu.kernels import MAX_ROWS, greedy_accept
 from dfvg.model import Transformer, apply_rope
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import verify_on_host
 
 SCRATCH = 32  # cache slots at the end reserved for warm-up and capture
+VERIFY_ROWS = min(SCRATCH, MAX_ROWS)  # rows a captured verify-and-accept takes (the acceptance kernel's limit)
 
 
 def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -80,8 +80,7 @@ def _layer_weights(layer) -> tuple:
 
 def _raise_recompile_limit() -> None:
     """Every input length T and each model size is one compiled variant of the block; allow them all."""
-    import torch._dynamo.config as dynamo_config
-
+    import torch._dynamo.config as dynamo_config  # noqa: I001 - torch's private config, only when compiling
     for name in ("cache_size_limit", "recompile_limit"):
         if hasattr(dynamo_config, name):
             setattr(dynamo_config, name, max(64, getattr(dynamo_config, name)))
@@ -107,15 +106,16 @@ class GraphModel:
         self.why_not_fused = fused.supported(model) if fused_layers else "fused layers turned off"
         self.fused = self.why_not_fused is None
         self.cache_len = 0
-        self._cache_id = None
+        self._cache_id = None  # bumped whenever the cache tensors change (graphs over the old ones are dropped)
+        self._cache_tensor = None
         self.graphs: dict = {}
 
     def ensure_cache(self, max_seq_len: int) -> None:
         """Allocate (or keep) a cache of max_seq_len + SCRATCH slots; new buffers invalidate the graphs."""
         self.model.setup_cache(1, max_seq_len + SCRATCH)
         cache = self.model.layers[0].attention.kv_cache
-        if id(cache.k) != self._cache_id:
-            self._cache_id, self.graphs = id(cache.k), {}
+        if cache.k is not self._cache_tensor:  # the tensor itself: a freed id can come back for a new one
+            self._cache_tensor, self._cache_id, self.graphs = cache.k, (self._cache_id or 0) + 1, {}
             self.cache_len = self.model.max_seq_len
 
     @property
@@ -292,7 +292,7 @@ class GraphVerifier:
 
     def prepare(self, max_rows: int) -> None:
         """Capture the verify-and-accept graphs for 1..max_rows rows now (a warm-up, not a prompt's time)."""
-        for rows in range(1, min(max_rows, SCRATCH) + 1):
+        for rows in range(1, min(max_rows, VERIFY_ROWS) + 1):
             verify_greedy(self, [0], [0] * (rows - 1))
 
 
@@ -318,6 +318,11 @@ class GraphDrafter:
 
     def rollback(self, num_valid: int) -> None:
         self.cached_len = min(self.cached_len, num_valid)
+
+    def prepare(self, max_k: int) -> None:
+        """Capture the draft graphs for k = 1..max_k now (warm-up; overlap drafts up to k + 1)."""
+        for k in range(1, min(max_k, SCRATCH - 1) + 1):
+            draft_graph(self.gm, k, self.vocab_size)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
@@ -381,10 +386,9 @@ class _VerifyGraph:
 
 
 def verify_greedy(verifier: GraphVerifier, seq: list[int], drafts: list[int]) -> tuple[int, int] | None:
-    """(drafts accepted, next token) from the captured verify + acceptance, fed with drafts made anywhere
-    (FPGA datapath, board, CPU); None where no graph fits (eager scoring then)."""
+    """(accepted, next token) from the captured verify + acceptance of drafts made anywhere; None: no graph."""
     gm, rows, start = verifier.gm, len(drafts) + 1, len(seq) - 1
-    if rows > SCRATCH or start + rows > gm.scratch_pos:
+    if rows > VERIFY_ROWS or start + rows > gm.scratch_pos:
         return None
     runner = gm.graphs.get(("verify-accept-runner", rows))
     if runner is None:
@@ -393,5 +397,4 @@ def verify_greedy(verifier: GraphVerifier, seq: list[int], drafts: list[int]) ->
     runner.pos.copy_(torch.arange(start, start + rows))
     runner.graph.replay()
     out = runner.out if runner.out is not None else runner.graph.out
-    num, nxt = out[:2].tolist()  # the one device-to-host copy
-    return num, nxt
+    return tuple(out[:2].tolist())  # (accepted, next token): the one device-to-host copy

@@ -19,8 +19,10 @@ Does not own: the config format (`experiment_config`), the decoding loop and its
 from __future__ import annotations
 
 import dataclasses
+import math
 import resource
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,10 +41,12 @@ from dfvg.fpga.board.boards import get_board
 from dfvg.fpga.board.latency import DesignParams, DraftWorkload
 from dfvg.fpga.datapath.drafter import FpgaOptions
 from dfvg.generate import GenerationResult
+from dfvg.gpu.graphs import SCRATCH
 from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.batch import run_batch
 from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, load_device_config
 from dfvg.host.experiment_config import ExperimentConfig, load_experiment_config
+from dfvg.host.plans import DESCRIPTIONS, Plan, batch_size_of, max_batch_size, plans
 from dfvg.host.projection import modeled_prefill_s, project_times
 from dfvg.host.records import Generation, RunResults, VariantResult
 from dfvg.host.resume import Progress
@@ -52,53 +56,6 @@ from dfvg.sampling import SamplingParams
 from dfvg.stats import Metric
 from dfvg.tokenizer import check_compatible, check_fits, encode, eos_token_ids, load_tokenizer
 from dfvg.tokenizer import decode as decode_text
-
-DESCRIPTIONS = {
-    "baseline": "target alone, autoregressive (measured in the same run)",
-    "speculative": "speculative decoding, sync, float draft on a torch device",
-    "fpga": "speculative decoding, sync, FPGA draft (bit-exact emulation here; board times modeled)",
-    "overlap": "speculative decoding, draft overlapped with verification (host runtime)",
-    "adaptive": "overlap with adaptive draft length (host runtime)",
-    "sweep": "speculative decoding, sync, float draft, draft length k",
-    "batch": "batch of B prompts, one target forward per step for all rows (eager batched verify)",
-}
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How one variant decodes."""
-
-    name: str
-    drafter: str  # "none", "torch", "fpga"
-    mode: str  # "ar", "sync", "overlap"
-    draft_length: int
-    adaptive: bool = False
-    batch_size: int = 0  # prompts decoded together; 0: the config's batch_size
-    draft: str = ""  # an extra_drafts name: this draft instead of draft_model
-
-
-def batch_size_of(plan: Plan, cfg: ExperimentConfig) -> int:
-    return plan.batch_size or cfg.batch_size
-
-
-def max_batch_size(cfg: ExperimentConfig) -> int:
-    return max((cfg.batch_size, *cfg.batch_sizes))
-
-
-def plans(cfg: ExperimentConfig) -> list[Plan]:
-    k = cfg.draft_length
-    ahead = "fpga" if cfg.devices.draft == "fpga" else "torch"  # overlap/adaptive draft where devices.draft says
-    table = {"baseline": [Plan("baseline", "none", "ar", 0)],
-             "speculative": [Plan("speculative", "torch", "sync", k)] + [
-                 Plan(f"speculative:{name}", "torch", "sync", k, draft=name) for name in cfg.extra_drafts],
-             "fpga": [Plan("fpga", "fpga", "sync", k)],
-             "overlap": [Plan("overlap", ahead, "overlap", k)],
-             "adaptive": [Plan("adaptive", ahead, "overlap", k, adaptive=True)],
-             "sweep": [Plan(f"sweep:k={n}", "torch", "sync", n) for n in cfg.draft_length_sweep],
-             "batch": [p for b in cfg.batch_sizes for p in (
-                 Plan(f"batch:B={b}:plain", "none", "ar", 0, batch_size=b),
-                 Plan(f"batch:B={b}:spec", "torch", "sync", k, batch_size=b))]}
-    return [p for v in cfg.variants for p in table[v]]
 
 
 @dataclass
@@ -246,12 +203,36 @@ def project(plan: Plan, ctx: Context, result: GenerationResult, events: list[dic
     return m["projected_s"].value, m["projected_s"].source, m["projected_s"].provenance
 
 
-def warm_up(plans_: list[Plan], ctx: Context) -> float:
-    """Capture/compile every graph the run replays and first-touch the weights, once; returns seconds."""
-    drafters = list({id(d): d for d in (drafter_of(p, ctx) for p in plans_)}.values())
-    ks = sorted({p.draft_length for p in plans_ if p.drafter != "none"} | {1})
+def largest_k(plans_: list[Plan], ctx: Context) -> list[int]:
+    """Every draft length the plans use, the adaptive policy's k_max included."""
+    ks = {p.draft_length for p in plans_ if p.drafter != "none"} | {1}
+    if any(p.adaptive for p in plans_):
+        ks.add((ctx.devices.adaptive or AdaptiveConfig()).k_max)
+    return sorted(ks)
+
+
+def reserve(plans_: list[Plan], ctx: Context) -> list[int]:
+    """Size every graph cache for the run's longest prompt and largest batch up front (with or without a
+    warm-up), so no prompt reallocates a cache and recaptures graphs inside its timing; the longest prompt."""
     longest = max(ctx.prompts, key=lambda p: len(p["ids"]))["ids"]
-    return ctx.engine.warm_up(drafters, longest, ks, ctx.cfg.max_new_tokens, batch=max_batch_size(ctx.cfg))
+    k = max(largest_k(plans_, ctx))
+    ctx.engine.reserve(len(longest) + ctx.cfg.max_new_tokens + k + 1 + SCRATCH, max_batch_size(ctx.cfg))
+    return longest
+
+
+def warm_up(plans_: list[Plan], ctx: Context) -> float:
+    """Capture/compile every graph the run replays and first-touch the weights, once; returns seconds.
+    The engine captures the greedy shapes; one short decode per plan then takes each plan's own path
+    (overlap, adaptive, sampling, FPGA) through its first calls outside any timing."""
+    drafters = list({id(d): d for d in (drafter_of(p, ctx) for p in plans_)}.values())
+    longest = reserve(plans_, ctx)
+    seconds = ctx.engine.warm_up(drafters, longest, largest_k(plans_, ctx), ctx.cfg.max_new_tokens,
+                                 batch=max_batch_size(ctx.cfg))
+    start = time.perf_counter()
+    for plan in plans_:
+        if batch_size_of(plan, ctx.cfg) == 1:
+            decode(plan, ctx, longest[:24], seed=0, max_new_tokens=min(plan.draft_length + 3, ctx.cfg.max_new_tokens))
+    return seconds + time.perf_counter() - start
 
 
 def skip_reason(plan: Plan, ctx: Context) -> str | None:
@@ -298,13 +279,14 @@ def decode_one(plan: Plan, ctx: Context, prompt: dict, index: int, run: int) -> 
 def decode_batch(plan: Plan, ctx: Context, group: list[dict], first: int, run: int) -> list[Generation]:
     """batch_size prompts through the host runtime's run_batch: one target forward per step for all rows.
     The shared timeline goes with the group's first generation; each row is charged 1/B of the time."""
-    kind = plan.drafter
+    kind = plan.draft or plan.drafter  # an extra draft by its name, else torch / fpga / none
     if kind == "none":  # batched plain decoding: the baseline at the same batch size
         ctx.batch_drafters[kind] = [None] * max_batch_size(ctx.cfg)
     if kind not in ctx.batch_drafters:  # one drafter (its own KV cache) per row, made once
         device = "fpga" if kind == "fpga" else ctx.draft_device
         options = fpga_options(ctx.devices) if kind == "fpga" else {}
-        ctx.batch_drafters[kind] = [make_drafter(ctx.cfg.draft_model, device, ctx.dtype,
+        path = ctx.cfg.extra_drafts[plan.draft] if plan.draft else ctx.cfg.draft_model
+        ctx.batch_drafters[kind] = [make_drafter(path, device, ctx.dtype,
                                                  ctx.engine.verifier.vocab_size, fast=False, **options)
                                     for _ in range(max_batch_size(ctx.cfg))]
     timeline = Timeline()
@@ -321,8 +303,10 @@ def execute(cfg: ExperimentConfig, ctx: Context, progress: Progress) -> dict[str
     chosen = plans(cfg)
     variants = {p.name: new_variant(p, ctx) for p in chosen}
     runnable = [p for p in chosen if variants[p.name].skipped is None]
-    if cfg.warmup:
+    if cfg.warmup and runnable:
         ctx.warmup_s = warm_up(runnable, ctx)
+    elif runnable:
+        reserve(runnable, ctx)
     total = cfg.num_runs * len(runnable) * len(ctx.prompts)
     restored = progress.restore(variants)  # repetitions an interrupted run of the same command completed
     if restored:
@@ -331,7 +315,7 @@ def execute(cfg: ExperimentConfig, ctx: Context, progress: Progress) -> dict[str
     with tqdm(total=total, initial=total * restored // cfg.num_runs, desc=cfg.name, unit="gen", file=sys.stderr,
               dynamic_ncols=True, disable=None) as bar:  # no bar when stderr is not a terminal
         for run in range(restored, cfg.num_runs):
-            chunk = max(batch_size_of(p, cfg) for p in runnable)  # every variant takes these prompts in turn
+            chunk = math.lcm(*(batch_size_of(p, cfg) for p in runnable), 1)  # each variant takes these in turn
             for first in range(0, len(ctx.prompts), chunk):
                 for plan in runnable:
                     end = min(first + chunk, len(ctx.prompts))
