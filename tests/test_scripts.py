@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests.conftest import build_tokenizer, save_checkpoint
@@ -51,8 +52,12 @@ def test_run_experiments_refusals(tmp_path, bad_config):
     assert_one_line_refusal(run("run_experiments.py", "--config", bad_config), "max_new_tokens", ">= 1")
     (tmp_path / "broken.yaml").write_text("target_model: [unclosed\n")
     assert_one_line_refusal(run("run_experiments.py", "--config", tmp_path / "broken.yaml"), "not valid YAML")
-    assert_one_line_refusal(run("run_experiments.py", "--config", REPO / "configs" / "llama7b.yaml"),
-                            "download") if not (REPO / "models" / "llama-2-7b-hf").exists() else None
+    if not torch.cuda.is_available():  # a GPU config refuses a CPU machine before looking for checkpoints
+        assert_one_line_refusal(run("run_experiments.py", "--config", REPO / "configs" / "llama7b.yaml"),
+                                "CUDA is not available")
+    elif not (REPO / "models" / "llama-2-7b-hf").exists():
+        assert_one_line_refusal(run("run_experiments.py", "--config", REPO / "configs" / "llama7b.yaml"),
+                                "download")
 
 
 def test_run_experiments_tiny_end_to_end(tmp_path, tiny_pair):

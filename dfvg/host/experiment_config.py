@@ -265,14 +265,13 @@ def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None
     for key in PATH_KEYS:
         if values.get(key) is not None:
             values[key] = find_path(str(values[key]), bases)
-    extra = {name: find_path(path, bases) for name, path in values.get("extra_drafts", {}).items()}
-    for name, path in extra.items():
-        check_model_dir(path, f"extra_drafts.{name}", source)
-    values["extra_drafts"] = extra
+    values["extra_drafts"] = {name: find_path(path, bases) for name, path in values.get("extra_drafts", {}).items()}
     values.setdefault("name", Path(source).stem if source != "<dict>" else "experiment")
     values.setdefault("draft_model", None)
     values["devices"] = devices(values.get("devices"), bases, source)  # first: a GPU config refuses a CPU machine
     check_models(values, source)
+    for name, path in values["extra_drafts"].items():
+        check_model_dir(path, f"extra_drafts.{name}", source)
     cfg = ExperimentConfig(**values, source=source)
     if "sweep" in cfg.variants and not cfg.draft_length_sweep:
         raise UserError(f"{source}: variant sweep needs draft_length_sweep, e.g. [1, 2, 4, 8]")
