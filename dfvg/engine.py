@@ -78,8 +78,9 @@ class Engine:
         return self.verifier.model.config.max_position_embeddings
 
     def reserve(self, positions: int, batch: int = 1) -> None:
-        """Size graph caches for `positions` (and the target's for `batch` rows, for batched runs) up front,
-        so no prompt of the run reallocates a cache, which would drop and recapture every graph over it."""
+        """Size graph caches for generations of `positions` (a `max_seq_len`; the graph model adds its scratch
+        slots) and the target's for `batch` rows, up front: no prompt of the run then reallocates a cache,
+        which would drop and recapture every graph over it."""
         for holder in (self.verifier, *self.drafters):
             if isinstance(holder, (GraphVerifier, GraphDrafter)):
                 holder.min_cache_len = max(holder.min_cache_len, positions)
@@ -124,7 +125,7 @@ class Engine:
         step can send (the last steps of a generation draft fewer than k)."""
         for drafter in drafters:
             self._remember(drafter)
-        self.reserve(max_seq_len(len(prompt_ids), max_new_tokens, max(k_values, default=0)) + SCRATCH, batch)
+        self.reserve(max_seq_len(len(prompt_ids), max_new_tokens, max(k_values, default=0)), batch)
         start = time.perf_counter()
         warm_prompt = prompt_ids[: max(2, min(len(prompt_ids), 24))]
         for drafter in drafters:

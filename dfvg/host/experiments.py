@@ -40,8 +40,7 @@ from dfvg.engine import Engine, load_verifier, make_drafter
 from dfvg.fpga.board.boards import get_board
 from dfvg.fpga.board.latency import DesignParams, DraftWorkload
 from dfvg.fpga.datapath.drafter import FpgaOptions
-from dfvg.generate import GenerationResult
-from dfvg.gpu.graphs import SCRATCH
+from dfvg.generate import GenerationResult, max_seq_len
 from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.batch import run_batch
 from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, load_device_config
@@ -216,7 +215,7 @@ def reserve(plans_: list[Plan], ctx: Context) -> list[int]:
     warm-up), so no prompt reallocates a cache and recaptures graphs inside its timing; the longest prompt."""
     longest = max(ctx.prompts, key=lambda p: len(p["ids"]))["ids"]
     k = max(largest_k(plans_, ctx))
-    ctx.engine.reserve(len(longest) + ctx.cfg.max_new_tokens + k + 1 + SCRATCH, max_batch_size(ctx.cfg))
+    ctx.engine.reserve(max_seq_len(len(longest), ctx.cfg.max_new_tokens, k), max_batch_size(ctx.cfg))
     return longest
 
 
