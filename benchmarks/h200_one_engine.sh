@@ -3,13 +3,17 @@
 # the pair the way a user does (scripts/download_models.py), then, in one lease, measure
 #   1. benchmarks/gpu_speed.py --phases dfvg: DFVG plain (and spec) through Engine.decode, the benchmark's rows;
 #   2. the seed's job on one GPU: python scripts/run_experiments.py --config configs/gpu.yaml;
-#   3. dfvg generate --device cuda on one held-out prompt: --no-draft, distilled draft, 0.5B draft (--json).
+#   3. dfvg generate --device cuda on one held-out prompt: --no-draft, distilled draft, 0.5B draft (--json);
+# after the gpu-marked engine tests (graphs, device batches, fused layers, kernels) in the background.
 # Usage there: bash benchmarks/h200_one_engine.sh /root/g /root/d/d00 OUT_DIR   (chunks, draft weights, outputs)
 set -euo pipefail
 chunks=$1 draft_weights=$2 out=$3
 cd "$(dirname "$0")/.."
 # shellcheck source=benchmarks/h200_weights.sh
 source benchmarks/h200_weights.sh
+python3 -m pytest -q -m gpu tests/test_gpu_graphs.py tests/test_gpu_kernels.py tests/test_gpu_fused.py \
+  > "$out/gpu_tests.log" 2>&1 || true
+tail -3 "$out/gpu_tests.log"
 python3 scripts/download_models.py --cache-dir /root/cache 2>&1 | tail -4
 python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --gguf-dir /root/cache/gguf --work-dir /root/w \
   --prompts-file .chunks/prompts.json --prompts 20 --results /root/res --out "$out" 2>&1 | tee "$out/gpu_speed.log"

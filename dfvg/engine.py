@@ -16,6 +16,7 @@ show them as `warmup_s` and never inside a prompt's tokens per second.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,9 +26,10 @@ from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import Drafter, TorchDrafter
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
-from dfvg.gpu.fast import DeviceStep, fits_device_step
-from dfvg.gpu.graphs import SCRATCH, GraphDrafter, GraphVerifier
+from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
+from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
 from dfvg.host.adaptive import AdaptiveDraftLength
+from dfvg.host.batch import run_batch
 from dfvg.host.pipeline import device_label, run_pipeline
 from dfvg.host.timeline import Timeline
 from dfvg.sampling import SamplingParams
@@ -66,6 +68,7 @@ class Engine:
     def __init__(self, verifier: Verifier):
         self.verifier = verifier
         self.device_steps: dict[tuple, DeviceStep] = {}  # (drafter id, k) -> its captured step
+        self.device_rows: dict[tuple, DeviceRows] = {}  # (drafter id, k, rows) -> a batch's captured step
         self.drafters: list[Drafter] = []  # every drafter decoded with, to size their caches too
 
     @property
@@ -84,8 +87,9 @@ class Engine:
         for holder in (self.verifier, *self.drafters):
             if isinstance(holder, (GraphVerifier, GraphDrafter)):
                 holder.min_cache_len = max(holder.min_cache_len, positions)
-        if isinstance(self.verifier, GraphVerifier) and batch > 1:
-            self.verifier.model.setup_cache(batch, self.verifier.min_cache_len + SCRATCH)
+        for holder in (self.verifier, *self.drafters):
+            if isinstance(holder, (GraphVerifier, GraphDrafter)) and batch > 1:
+                holder.gm.ensure_cache(holder.min_cache_len, batch)
 
     def decode(self, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int, *, k: int,
                eos_ids: tuple[int, ...] | list[int] = (), sampling: SamplingParams | None = None, seed: int = 0,
@@ -105,6 +109,36 @@ class Engine:
             label = device_label(drafter) if drafter is not None else ""
             step = HostStep(self.verifier, drafter, sampling, torch.Generator().manual_seed(seed), timeline, label)
         return decode(step, prompt_ids, max_new_tokens, k=k, eos_ids=eos_ids, context_limit=self.context_limit)
+
+    def batch_drafters(self, make: Callable[[], Drafter] | None, rows: int,
+                       sampling: SamplingParams) -> list[Drafter | None]:
+        """Drafters for a batch of `rows`: none (plain), one graph drafter drafting every row inside the
+        device step (greedy on graph models), or one drafter per row (each keeps its own cache)."""
+        if make is None:
+            return [None] * rows
+        first = make()
+        if isinstance(first, GraphDrafter) and sampling.greedy:
+            self._remember(first)
+            return [first] * rows
+        return [first] + [make() for _ in range(rows - 1)]
+
+    def decode_batch(self, drafters: list[Drafter | None], prompts: list[list[int]], max_new_tokens: int, *,
+                     k: int, eos_ids: tuple[int, ...] | list[int] = (), sampling: SamplingParams | None = None,
+                     seed: int = 0, timeline: Timeline | None = None) -> list[GenerationResult]:
+        """A batch (one target pass per step for all rows): the device step where it applies, else the host's."""
+        sampling = sampling or SamplingParams()
+        shared = drafters[0] if all(d is drafters[0] for d in drafters) else None
+        fits = sampling.greedy and all(fits_device_step(self.verifier, shared, len(p), k) for p in prompts)
+        rows = self._device_rows(shared, k, len(prompts)) if fits and (shared is not None or drafters[0] is None) \
+            else None
+        return run_batch(self.verifier, drafters, prompts, max_new_tokens, eos_ids=eos_ids, sampling=sampling,
+                         seed=seed, draft_length=k, timeline=timeline, device_rows=rows)
+
+    def _device_rows(self, drafter: GraphDrafter | None, k: int, rows: int) -> DeviceRows:
+        key = (id(drafter), k, rows)
+        if key not in self.device_rows:
+            self.device_rows[key] = DeviceRows(self.verifier, drafter, k, rows)
+        return self.device_rows[key]
 
     def _remember(self, drafter: Drafter | None) -> None:
         if drafter is not None and all(d is not drafter for d in self.drafters):

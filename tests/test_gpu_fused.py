@@ -36,7 +36,7 @@ def small_model(head_dim: int, device: str, layers: int = 2) -> Transformer:
 def layer_errors(model: Transformer, rows: int, start: int, cache_len: int) -> tuple[float, float]:
     """Relative error of one fused layer's output and of the K it wrote, against `block_forward`."""
     from dfvg.gpu import fused
-    from dfvg.gpu.graphs import _layer_weights, block_forward
+    from dfvg.gpu.block import block_forward, layer_weights
 
     cfg = model.config
     model.setup_cache(1, cache_len)
@@ -52,12 +52,13 @@ def layer_errors(model: Transformer, rows: int, start: int, cache_len: int) -> t
     sin = model.rope_sin[pos].to(x.dtype)[None, :, None]
     mask = torch.arange(cache_len, device=x.device)[None, :] <= pos[:, None]
     with torch.inference_mode():
-        want = block_forward(x, cos, sin, pos, mask, cache.k, cache.v, _layer_weights(layer), dims)[0].float()
+        want = block_forward(x, cos, sin, pos[None], mask[None], cache.k, cache.v, layer_weights(layer),
+                             dims)[0].float()
         want_k = cache.k[0, start:start + rows].float()
         cache.k.copy_(history[0])
         cache.v.copy_(history[1])
         got = fused.layer_forward(x[0].contiguous(), pos, model.rope_cos, model.rope_sin, cache.k[0], cache.v[0],
-                                  _layer_weights(layer), dims).float()
+                                  layer_weights(layer), dims).float()
         got_k = cache.k[0, start:start + rows].float()
     return ((got - want).norm() / want.norm()).item(), ((got_k - want_k).norm() / want_k.norm()).item()
 

@@ -121,6 +121,22 @@ def test_cuda_graphs_match_eager_on_gpu(compile_blocks):
     assert loop == generate(TorchVerifier(target), ids, 30).tokens
 
 
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("compile_blocks", [False, True])
+def test_device_batch_matches_eager_on_gpu(compile_blocks):
+    """fp32 on the GPU: a batch's captured step (B = 3, plain and k = 4) gives each row's eager tokens."""
+    target = tiny("qwen2", 1, device="cuda")
+    draft = tiny("qwen2", 2, device="cuda", num_hidden_layers=1, hidden_size=32, intermediate_size=48)
+    engine = Engine(GraphVerifier(target, compile_blocks, 128))
+    prompts = [torch.randint(2, 96, (n,)).tolist() for n in (3, 17, 8)]
+    want = [generate(TorchVerifier(target), p, 30).tokens for p in prompts]
+    drafters = engine.batch_drafters(lambda: GraphDrafter(draft, 96, compile_blocks, 128), 3, SamplingParams())
+    for k, rows in ((0, [None] * 3), (4, drafters)):
+        assert [r.tokens for r in engine.decode_batch(rows, prompts, 30, k=k)] == want
+    assert len(engine.device_rows) == 2
+
+
 def test_blocks_past_the_acceptance_kernel_fall_back_to_host_verification(pair):
     """k + 1 > 16 rows (adaptive k_max = 16) exceeds the Triton acceptance kernel: no device step and no captured
     verify-and-accept for such a block, the host verify instead, and still plain decoding's tokens."""
@@ -137,3 +153,43 @@ def test_blocks_past_the_acceptance_kernel_fall_back_to_host_verification(pair):
     want = generate(TorchVerifier(target), ids, 40).tokens
     got = Engine(verifier).decode(drafter, ids, 40, k=20)
     assert got.tokens == want and got.stats()["acceptance_rate"] == 1.0
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_rows_forward_matches_each_row_alone(arch):
+    """B rows at their own positions, in their own cache rows, compute what each row computes alone; right
+    padding of the shorter rows (positions past their tokens) is never attended to."""
+    model = tiny(arch, 0)
+    gm = GraphModel(model, compile_blocks=False)
+    gm.ensure_cache(40, rows=3)
+    seqs = [torch.randint(0, 96, (n,)) for n in (9, 4, 12)]
+    width = max(len(s) for s in seqs) - 2
+    with torch.inference_mode():
+        want = torch.stack([model.feed(s.tolist(), 0)[-2:] for s in seqs])  # each alone, in cache row 0
+        ids = torch.stack([torch.cat([s[:-2], s[:1].expand(width - len(s) + 2)]) for s in seqs])
+        gm.forward_rows(ids, torch.arange(width).expand(3, -1).contiguous())
+        last_two = torch.stack([s[-2:] for s in seqs])
+        positions = torch.stack([torch.arange(len(s) - 2, len(s)) for s in seqs])
+        got = gm.forward_rows(last_two, positions)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_device_batch_equals_plain_decoding_per_row(pair, k):
+    """A batch on graph models is one device replay per step; every row equals its own plain decoding,
+    rows that stop early (EOS) are retired in place while the others go on."""
+    target, draft = pair
+    prompts = [[5, 9, 11], list(range(2, 30)), [7, 8], [40, 41, 42, 43, 44]]
+    free = [generate(TorchVerifier(target), p, 24).tokens for p in prompts]
+    eos = free[0][5]
+    want = [generate(TorchVerifier(target), p, 24, eos_ids=[eos]).tokens for p in prompts]
+    assert len(want[0]) == 6 and any(len(w) == 24 for w in want)
+    engine = Engine(GraphVerifier(target, False, 96))
+    drafters = engine.batch_drafters(lambda: GraphDrafter(draft, 96, False, 96), len(prompts), SamplingParams()) \
+        if k else [None] * len(prompts)
+    results = engine.decode_batch(drafters, prompts, 24, k=k, eos_ids=[eos])
+    assert [r.tokens for r in results] == want
+    assert list(engine.device_rows) == [(id(drafters[0]), k, len(prompts))]  # the device path ran
+    if k:
+        assert len({len(r.steps) for r in results}) > 1  # rows accepted different numbers of drafts

@@ -1,19 +1,25 @@
-"""Greedy steps on the device: one graph replay and one small copy per step.
+"""Greedy steps on the device: one graph replay and one small copy per step, for one sequence or a batch.
 
 Why: the host step (`dfvg.generate.HostStep`) crosses to the host several times per step (draft tokens out,
 logits through acceptance). Here those crossings become graph replays whose only output is a few integers:
-- `DeviceStep` runs the whole step as one CUDA graph: k draft steps of a GPU draft (catch-up on the last
-  two committed tokens, then k-1 single tokens), the (k+1)-token verify, fused greedy acceptance
-  (`dfvg.gpu.kernels.greedy_accept`) and the update of the device-resident state
-  [prev_token, last_token, last_pos]. The host copies k+2 integers back - the one sync acceptance needs.
-  Plain decoding is its k = 0 case (one target step per replay).
-- `dfvg.gpu.graphs.verify_greedy` is the verify-and-accept half alone, for drafts made elsewhere (the FPGA datapath, an
-  XRT board, a CPU draft): the drafts go into the same captured verify + acceptance that `DeviceStep` runs,
-  so every greedy GPU verification costs the same, whoever drafted.
+- `DeviceRows` runs the whole step of B sequences as one CUDA graph: k draft steps of a GPU draft for every
+  row (catch-up on each row's last two committed tokens, then k-1 single tokens), the (k+1)-token verify of
+  all rows in one target pass (row b reads and writes its own cache row at its own positions), fused greedy
+  acceptance per row (`dfvg.gpu.kernels.greedy_accept`) and the update of the device-resident state
+  [prev_token, last_token, last_pos] of every row that is still decoding. The host copies B x (k+2) integers
+  back - the one sync acceptance needs. Plain decoding is its k = 0 case.
+- `DeviceStep` is the engine's `Step` for one sequence: `DeviceRows` with B = 1 (fused Triton layers).
+  Batches (`dfvg.host.batch.DeviceBatchStep`) use the same rows with B > 1 (compiled blocks).
+- `dfvg.gpu.graphs.verify_greedy` is the verify-and-accept half alone, for drafts made elsewhere (the FPGA
+  datapath, an XRT board, a CPU draft): the drafts go into the same captured verify + acceptance, so every
+  greedy GPU verification costs the same, whoever drafted.
 
-Both are steps of the engine's one loop (`dfvg.generate.decode`). `DeviceStep` always drafts k: the graph
-has one shape, and tokens committed past max_new_tokens are cut by the loop. Greedy output equals the host
-step's up to bf16 rounding on a GPU (a near-tie may flip); on a CPU (tests) the same bodies run eagerly.
+Why the catch-up is always two tokens, whatever a row accepted: after a step that accepted n of k drafts,
+the draft cache holds the drafts fed at the step's positions; the first n are committed, so everything
+before the new last two committed tokens is valid, and those two are fed again (n = k included: the k-th
+draft was never fed). The graph has one shape and always drafts k; tokens committed past max_new_tokens are
+cut by the loop. Greedy output equals the host step's up to bf16 rounding on a GPU (a near-tie may flip);
+on a CPU (tests) the same bodies run eagerly.
 """
 
 from __future__ import annotations
@@ -29,73 +35,107 @@ from dfvg.gpu.graphs import VERIFY_ROWS, GraphDrafter, GraphModel, GraphVerifier
 from dfvg.gpu.kernels import greedy_accept
 
 
-def step_body(target: GraphModel, drafter: GraphModel | None, state: Tensor, drafts: Tensor,
-              record: Tensor, vocab: int) -> Tensor:
-    """One greedy step on the device. state [3] long; drafts [k]; record [k+2] <- [n, next, drafts]."""
-    k = drafts.shape[0]
+def accept_rows(logits: Tensor, drafts: Tensor) -> tuple[Tensor, Tensor]:
+    """Greedy acceptance of every row: logits [B, k+1, V], drafts [B, k] -> accepted, next token [B, 1].
+    One fused acceptance per row (B small launches inside the graph), so a batch row is decided exactly as a
+    single sequence is."""
+    outs = [greedy_accept(logits[b], drafts[b]) for b in range(logits.shape[0])]
+    return torch.stack([out[0:1] for out in outs]), torch.stack([out[1:2] for out in outs])
+
+
+def step_body(target: GraphModel, drafter: GraphModel | None, state: Tensor, drafts: Tensor, record: Tensor,
+              active: Tensor, vocab: int) -> Tensor:
+    """One greedy step of B rows. state [B, 3]; drafts [B, k]; active [B, 1] (0: a finished row keeps its
+    state, so it recomputes the same positions); record [B, k+2] <- [n, next, drafts] per row."""
+    k = drafts.shape[1]
     if k:
         draft_body(drafter, state, drafts, vocab)
-    ids = torch.cat([state[1:2], drafts]).view(1, k + 1)
-    pos = state[2] + torch.arange(k + 1, device=state.device)
-    out = greedy_accept(target.forward(ids, pos), drafts)  # [k+3]: n, next, argmax rows
-    num = out[0:1]
-    prev = ids[0].gather(0, num)  # the token before the new last one: last_token (n=0) or draft n
-    state.copy_(torch.cat([prev, out[1:2], state[2:3] + num + 1]))
-    record.copy_(torch.cat([out[:2], drafts]))
+    ids = torch.cat([state[:, 1:2], drafts], dim=1)  # [B, k+1]
+    pos = state[:, 2:3] + torch.arange(k + 1, device=state.device)
+    num, nxt = accept_rows(target.forward_rows(ids, pos), drafts)
+    prev = ids.gather(1, num)  # the token before the new last one: last_token (n=0) or draft n
+    moved = torch.cat([prev, nxt, state[:, 2:3] + num + 1], dim=1)
+    state.copy_(torch.where(active.bool(), moved, state))
+    record.copy_(torch.cat([num, nxt, drafts], dim=1))
     return record
 
 
-class DeviceStep:
-    """The engine's step for a graph verifier and a graph drafter (or none): one replay, k+2 ints back."""
+class DeviceRows:
+    """The captured greedy step of `rows` sequences over a graph verifier and a graph drafter (or none)."""
 
-    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | None, k: int):
-        self.verifier, self.drafter = verifier, drafter
+    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | None, k: int, rows: int = 1):
+        self.verifier, self.drafter, self.rows = verifier, drafter, rows
         self.device = verifier.device
         self.k = k if drafter is not None else 0
         self.graph = None
         self._cache_ids: tuple = ()
 
+    def holders(self) -> list[GraphVerifier | GraphDrafter]:
+        """The graph models this step replays over, with their cache-size floors (`min_cache_len`)."""
+        return [self.verifier] + ([self.drafter] if self.drafter is not None else [])
+
     def _capture(self) -> None:
         target = self.verifier.gm
         draft = self.drafter.gm if self.drafter is not None else None
-        scratch = min(target.scratch_pos, draft.scratch_pos if draft else target.scratch_pos)
-        self.state = torch.zeros(3, dtype=torch.long, device=self.device)
-        self.drafts = torch.zeros(self.k, dtype=torch.long, device=self.device)
-        self.record = torch.zeros(self.k + 2, dtype=torch.long, device=self.device)
+        scratch = min(holder.gm.scratch_pos for holder in self.holders())
+        self.state = torch.zeros(self.rows, 3, dtype=torch.long, device=self.device)
+        self.drafts = torch.zeros(self.rows, self.k, dtype=torch.long, device=self.device)
+        self.record = torch.zeros(self.rows, self.k + 2, dtype=torch.long, device=self.device)
+        self.active = torch.ones(self.rows, 1, dtype=torch.long, device=self.device)
         vocab = self.verifier.vocab_size
 
         def reset() -> None:
-            self.state.copy_(torch.tensor([0, 0, scratch + 1]))
+            self.state.copy_(torch.tensor([[0, 0, scratch + 1]]).expand(self.rows, 3))
 
-        self.graph, _ = target.capture(("fast", self.k, id(draft)),
-                                       lambda: step_body(target, draft, self.state, self.drafts, self.record,
-                                                         vocab), before=reset)
+        body = lambda: step_body(target, draft, self.state, self.drafts, self.record, self.active, vocab)  # noqa: E731
+        self.graph, _ = target.capture(("fast", self.k, self.rows, id(draft)), body, before=reset)
         self._cache_ids = self._cache_key()
 
     def _cache_key(self) -> tuple:
-        gms = [self.verifier.gm] + ([self.drafter.gm] if self.drafter is not None else [])
-        return tuple(gm._cache_id for gm in gms)
+        return tuple(holder.gm._cache_id for holder in self.holders())
+
+    def start(self, prompts: list[list[int]]) -> None:
+        """Rows take their prompts (already in every cache); the graph is captured on first use or after a
+        cache reallocation."""
+        if self.graph is None or self._cache_ids != self._cache_key():
+            self._capture()
+        self.state.copy_(torch.tensor([[p[max(len(p) - 2, 0)], p[-1], len(p) - 1] for p in prompts]))
+        self.active.fill_(1)
+
+    def retire(self, row: int) -> None:
+        """Row `row` finished: it stops advancing (and so stays inside its cache)."""
+        self.active[row] = 0
+
+    def replay(self) -> list[list[int]]:
+        """One step of every row: [n, next, *drafts] per row (the step's one device-to-host copy)."""
+        self.graph.replay()
+        return self.record.tolist()
+
+
+class DeviceStep:
+    """The engine's step for one sequence on a graph verifier and a graph drafter (or none): one replay."""
+
+    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | None, k: int):
+        self.rows = DeviceRows(verifier, drafter, k, 1)
+        self.verifier, self.drafter, self.device = verifier, drafter, verifier.device
 
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
-        """Both caches take the prompt; the graph is captured on first use (or after a cache reallocation)."""
-        if len(prompt_ids) < 2 and self.k:
+        """Both caches take the prompt; then the captured step starts from its last two tokens."""
+        if len(prompt_ids) < 2 and self.rows.k:
             raise ValueError("DeviceStep drafts from the token before the last one: use HostStep for 1-token prompts")
         self.verifier.prefill(prompt_ids, max_seq_len)
         if self.drafter is not None:
             self.drafter.prefill(prompt_ids, max_seq_len)
-        if self.graph is None or self._cache_ids != self._cache_key():
-            self._capture()
-        self.state.copy_(torch.tensor([prompt_ids[max(len(prompt_ids) - 2, 0)], prompt_ids[-1], len(prompt_ids) - 1]))
+        self.rows.start([prompt_ids])
 
     def __call__(self, seq: list[int], k: int) -> Outcome:
         start = time.perf_counter()
-        self.graph.replay()
-        num, nxt, *drafts = self.record.tolist()  # the step's one device-to-host copy
+        num, nxt, *drafts = self.rows.replay()[0]
         return Outcome(DraftBlock(drafts, None, 0.0), num, nxt, time.perf_counter() - start)
 
 
 def fits_device_step(verifier: object, drafter: object, prompt_len: int, k: int) -> bool:
-    """Whether `DeviceStep` can run this generation: graph models only, a token before the last one, and at
-    most the acceptance kernel's rows."""
+    """Whether the device step can run this generation: graph models only, a token before the last one, and
+    at most the acceptance kernel's rows."""
     graph_drafter = drafter is None or isinstance(drafter, GraphDrafter)
     return isinstance(verifier, GraphVerifier) and graph_drafter and prompt_len >= 2 and k + 1 <= VERIFY_ROWS

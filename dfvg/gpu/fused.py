@@ -290,7 +290,7 @@ def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, 
                   dims: tuple) -> Tensor:
     """One decoder layer on x [T, D] (bf16) at positions pos [T]: the launches of the module docstring.
 
-    w as `dfvg.gpu.graphs._layer_weights` (q/k norm must be None); kc/vc [S, KV, hd]; cos/sin [S, hd] fp32."""
+    w as `dfvg.gpu.block.layer_weights` (q/k norm must be None); kc/vc [S, KV, hd]; cos/sin [S, hd] fp32."""
     attn_norm, wqkv, wqkv_b, wo, wo_b, _q_norm, _k_norm, ffn_norm, w13, w2 = w
     eps = dims[4]
     q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims)

@@ -13,77 +13,22 @@ capture: a query at position p only attends to slots <= p, and real positions st
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from dfvg.drafter import DraftBlock, TorchDrafter
 from dfvg.gpu import fused
+from dfvg.gpu.block import block_forward, layer_weights, raise_recompile_limit
 from dfvg.gpu.kernels import MAX_ROWS, greedy_accept
-from dfvg.model import Transformer, apply_rope
+from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import verify_on_host
 
 SCRATCH = 32  # cache slots at the end reserved for warm-up and capture
 VERIFY_ROWS = min(SCRATCH, MAX_ROWS)  # rows a captured verify-and-accept takes (the acceptance kernel's limit)
-
-
-def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def block_forward(x: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, mask: Tensor, kc: Tensor, vc: Tensor,
-                  w: tuple, dims: tuple) -> Tensor:
-    """One transformer block on x [1, T, D] at positions pos [T]; writes K/V into kc/vc [1, S, KV, hd].
-
-    Same arithmetic as `dfvg.model.TransformerBlock`, written over plain tensors so one compiled graph
-    serves every layer. GQA attention folds the query heads of a kv head into rows (no K/V expansion),
-    with float32 scores and softmax. w = (attn_norm, wqkv, wqkv_b, wo, wo_b, q_norm, k_norm, ffn_norm, w13,
-    w2); dims = (heads, kv_heads, head_dim, intermediate, eps).
-    """
-    attn_norm, wqkv, wqkv_b, wo, wo_b, q_norm, k_norm, ffn_norm, w13, w2 = w
-    heads, kv_heads, hd, inter, eps = dims
-    t = x.shape[1]
-    group = heads // kv_heads
-    h = _rms(x, attn_norm, eps)
-    q, k, v = F.linear(h, wqkv, wqkv_b).split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
-    q, k, v = q.view(1, t, heads, hd), k.view(1, t, kv_heads, hd), v.view(1, t, kv_heads, hd)
-    if q_norm is not None:
-        q, k = _rms(q, q_norm, eps), _rms(k, k_norm, eps)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    kc[0].index_copy_(0, pos, k[0])
-    vc[0].index_copy_(0, pos, v[0])
-    keys, values = kc[0].transpose(0, 1), vc[0].transpose(0, 1)  # [KV, S, hd]
-    qg = q[0].view(t, kv_heads, group, hd).permute(1, 2, 0, 3).reshape(kv_heads, group * t, hd)
-    scores = torch.bmm(qg.float(), keys.float().transpose(1, 2)) * (1.0 / math.sqrt(hd))  # [KV, G*T, S]
-    scores = scores.view(kv_heads, group, t, -1).masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(kv_heads, group * t, -1)
-    out = torch.bmm(probs, values.float()).to(x.dtype)  # [KV, G*T, hd]
-    out = out.view(kv_heads, group, t, hd).permute(2, 0, 1, 3).reshape(1, t, heads * hd)
-    x = x + F.linear(out, wo, wo_b)
-    gate, up = F.linear(_rms(x, ffn_norm, eps), w13).split(inter, dim=-1)
-    return x + F.linear(F.silu(gate) * up, w2)
-
-
-def _layer_weights(layer) -> tuple:
-    att, ffn = layer.attention, layer.feed_forward
-    q_norm = att.q_norm.weight if hasattr(att, "q_norm") else None
-    k_norm = att.k_norm.weight if hasattr(att, "k_norm") else None
-    return (layer.attention_norm.weight, att.wqkv.weight, att.wqkv.bias, att.wo.weight, att.wo.bias,
-            q_norm, k_norm, layer.ffn_norm.weight, ffn.w13.weight, ffn.w2.weight)
-
-
-def _raise_recompile_limit() -> None:
-    """Every input length T and each model size is one compiled variant of the block; allow them all."""
-    import torch._dynamo.config as dynamo_config  # noqa: I001 - torch's private config, only when compiling
-    for name in ("cache_size_limit", "recompile_limit"):
-        if hasattr(dynamo_config, name):
-            setattr(dynamo_config, name, max(64, getattr(dynamo_config, name)))
 
 
 class GraphModel:
@@ -94,10 +39,10 @@ class GraphModel:
         self.device = model.tok_embeddings.weight.device
         cfg = model.config
         self.dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
-        self.weights = [_layer_weights(layer) for layer in model.layers]
+        self.weights = [layer_weights(layer) for layer in model.layers]
         self.compiled = compile_blocks
         if compile_blocks:
-            _raise_recompile_limit()
+            raise_recompile_limit()
             self.block = torch.compile(block_forward, dynamic=False, fullgraph=True)
         else:
             self.block = block_forward
@@ -110,9 +55,10 @@ class GraphModel:
         self._cache_tensor = None
         self.graphs: dict = {}
 
-    def ensure_cache(self, max_seq_len: int) -> None:
-        """Allocate (or keep) a cache of max_seq_len + SCRATCH slots; new buffers invalidate the graphs."""
-        self.model.setup_cache(1, max_seq_len + SCRATCH)
+    def ensure_cache(self, max_seq_len: int, rows: int = 1) -> None:
+        """Allocate (or keep) a cache of `rows` rows of max_seq_len + SCRATCH slots; new buffers invalidate
+        the graphs. One sequence uses row 0, so a batch's cache serves single sequences too."""
+        self.model.setup_cache(rows, max_seq_len + SCRATCH)
         cache = self.model.layers[0].attention.kv_cache
         if cache.k is not self._cache_tensor:  # the tensor itself: a freed id can come back for a new one
             self._cache_tensor, self._cache_id, self.graphs = cache.k, (self._cache_id or 0) + 1, {}
@@ -126,18 +72,26 @@ class GraphModel:
         """ids [1, T] long, pos [T] long -> float32 logits [T, V] ([1, V] with last_only). No host sync."""
         if self.fused and ids.shape[1] <= fused.MAX_ROWS:
             return self._fused_forward(ids, pos, last_only)
+        return self._block_forward(ids, pos[None], last_only)[0]
+
+    def forward_rows(self, ids: Tensor, pos: Tensor, last_only: bool = False) -> Tensor:
+        """ids, pos [B, T] long -> logits [B, T, V]: row b at its own positions, in cache row b."""
+        if ids.shape[0] == 1:
+            return self.forward(ids, pos[0], last_only)[None]
+        return self._block_forward(ids, pos, last_only)
+
+    def _block_forward(self, ids: Tensor, pos: Tensor, last_only: bool) -> Tensor:
         m = self.model
-        x = m.embed(ids)  # [1, T, D]
-        cos = m.rope_cos[pos].to(x.dtype)[None, :, None]  # [1, T, 1, hd]
-        sin = m.rope_sin[pos].to(x.dtype)[None, :, None]
-        slots = torch.arange(self.cache_len, device=ids.device)
-        mask = slots[None, :] <= pos[:, None]  # [T, S]
+        x = m.embed(ids)  # [B, T, D]
+        cos = m.rope_cos[pos].to(x.dtype)[:, :, None]  # [B, T, 1, hd]
+        sin = m.rope_sin[pos].to(x.dtype)[:, :, None]
+        mask = torch.arange(self.cache_len, device=ids.device) <= pos[..., None]  # [B, T, S]
         for layer, w in zip(m.layers, self.weights, strict=True):
             cache = layer.attention.kv_cache
             x = self.block(x, cos, sin, pos, mask, cache.k, cache.v, w, self.dims)
         if last_only:
             x = x[:, -1:]
-        return m.logits(x)[0]
+        return m.logits(x)
 
     @torch.inference_mode()
     def prefill(self, tokens: list[int]) -> None:
@@ -339,31 +293,31 @@ class GraphDrafter:
             self.eager.cached_len = self.cached_len
             self.eager._next_logits(context[self.cached_len : length - 2], self.cached_len)
         graph = draft_graph(self.gm, k, self.vocab_size)
-        graph.state.copy_(torch.tensor([context[-2], context[-1], length - 1]))
+        graph.state.copy_(torch.tensor([[context[-2], context[-1], length - 1]]))
         graph.graph.replay()
-        tokens = graph.drafts.tolist()
+        tokens = graph.drafts[0].tolist()
         self.cached_len = length + k - 1
         return DraftBlock(tokens, None, time.perf_counter() - start)
 
 
 class _DraftGraph:
-    """k greedy draft steps in one graph: state [prev_token, last_token, last_pos] -> drafts [k]."""
+    """k greedy draft steps in one graph: state [1, 3] = [prev_token, last_token, last_pos] -> drafts [1, k]."""
 
     def __init__(self, gm: GraphModel, k: int, vocab: int):
-        self.state = torch.tensor([0, 0, gm.scratch_pos + 1], dtype=torch.long, device=gm.device)
-        self.drafts = torch.zeros(k, dtype=torch.long, device=gm.device)
+        self.state = torch.tensor([[0, 0, gm.scratch_pos + 1]], dtype=torch.long, device=gm.device)
+        self.drafts = torch.zeros(1, k, dtype=torch.long, device=gm.device)
         self.graph, _ = gm.capture(("draft", k), lambda: draft_body(gm, self.state, self.drafts, vocab))
 
 
 def draft_body(gm: GraphModel, state: Tensor, drafts: Tensor, vocab: int) -> Tensor:
-    """Device-only drafting: catch up on [prev, last] at [pos-1, pos], then k-1 single-token steps."""
-    ids = state[:2].view(1, 2)
-    pos = state[2] - 1 + torch.arange(2, device=state.device)
-    token = gm.forward(ids, pos, last_only=True)[0, :vocab].argmax()
-    drafts[0].copy_(token)
-    for i in range(1, drafts.shape[0]):
-        token = gm.forward(token.view(1, 1), (state[2] + i).view(1), last_only=True)[0, :vocab].argmax()
-        drafts[i].copy_(token)
+    """Device-only drafting for B rows: each catches up on its [prev, last] at [pos-1, pos], then k-1
+    single-token steps. state [B, 3] = [prev_token, last_token, last_pos] per row; drafts [B, k]."""
+    pos = state[:, 2:3] - 1 + torch.arange(2, device=state.device)  # [B, 2]
+    token = gm.forward_rows(state[:, :2], pos, last_only=True)[:, 0, :vocab].argmax(-1)  # [B]
+    drafts[:, 0].copy_(token)
+    for i in range(1, drafts.shape[1]):
+        token = gm.forward_rows(token[:, None], state[:, 2:3] + i, last_only=True)[:, 0, :vocab].argmax(-1)
+        drafts[:, i].copy_(token)
     return drafts
 
 

@@ -16,6 +16,10 @@ A finished sequence (EOS or max_new_tokens) leaves the batch: the cache rows of 
 compacted to the front, because the model maps input row i to cache row i. With no drafters (`None` per row)
 the same loop is batched plain decoding, so plain and speculative compare at the same batch size.
 
+Two implementations of the batch's step (`BatchStep`): `HostBatchStep` (above: any drafter, any sampling,
+eager batched forward) and `DeviceBatchStep` (greedy on graph models: the whole step of every row is one CUDA
+graph replay of `dfvg.gpu.fast.DeviceRows`, the same body the single-sequence device step replays).
+
 Every rule that decides a row's step comes from the engine (`dfvg.generate`): the step length
 (`step_length`), the cache size (`max_seq_len`), the step record (`Outcome.record`), the commit with its
 EOS and length cut (`GenerationResult.commit`) and the drafter's rollback position.
@@ -28,6 +32,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -36,6 +41,7 @@ from dfvg.devices import synchronize
 from dfvg.drafter import DraftBlock, Drafter
 from dfvg.errors import UserError
 from dfvg.generate import GREEDY, GenerationResult, Outcome, check_lengths, max_seq_len, propose, step_length
+from dfvg.gpu.fast import DeviceRows
 from dfvg.host.timeline import Timeline
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
@@ -107,27 +113,88 @@ def commit_row(row: Row, outcome: Outcome, eos: set[int], max_new_tokens: int) -
     row.done = row.result.hit_eos or len(row.result.tokens) >= max_new_tokens
 
 
-def batch_step(verifier: TorchVerifier, rows: list[Row], k: int, sampling: SamplingParams, eos: set[int],
-               max_new_tokens: int, timeline: Timeline, step: int) -> None:
-    """Propose per row, verify all rows in one forward, accept and commit per row."""
-    blocks = []
-    for row in rows:
+class BatchStep(Protocol):
+    """One implementation of a batch's step: every active row proposes, is verified and accepted."""
+
+    device: torch.device
+
+    def prefill(self, rows: list[Row], cache_len: int) -> None: ...
+
+    def __call__(self, rows: list[Row], k: int, max_new_tokens: int, step: int) -> list[Outcome]: ...
+
+    def leave(self, rows: list[Row], keep: list[int]) -> None: ...
+
+
+class HostBatchStep:
+    """Per-row drafters propose on the host; one eager batched target forward; `accept_block` per row.
+    Any drafter and any sampling; finished rows leave by compacting the target's cache."""
+
+    def __init__(self, verifier: TorchVerifier, sampling: SamplingParams, timeline: Timeline):
+        self.verifier, self.sampling, self.timeline = verifier, sampling, timeline
+        self.device = verifier.device
+
+    def prefill(self, rows: list[Row], cache_len: int) -> None:
+        real = [row.drafter for row in rows if row.drafter is not None]
+        if len({id(getattr(d, "model", d)) for d in real}) != len(real):
+            raise UserError("run_batch drafters must not share a model (each keeps its own KV cache); "
+                            "pass a drafter_factory that loads one model per sequence")
+        self.verifier.model.setup_cache(len(rows), cache_len)
+        batched_prefill(self.verifier.model, [row.seq for row in rows])
+        for row in rows:
+            if row.drafter is not None:
+                row.drafter.prefill(row.seq, cache_len)
+
+    def __call__(self, rows: list[Row], k: int, max_new_tokens: int, step: int) -> list[Outcome]:
+        timeline, blocks = self.timeline, []
+        for row in rows:
+            start = timeline.now()
+            row_k = step_length(k, len(row.result.tokens), max_new_tokens)
+            blocks.append(propose(row.drafter, row.seq, row_k, self.sampling, row.rng))
+            if row.drafter is not None:
+                timeline.record("draft", str(row.drafter.device), start, timeline.now(), len(blocks[-1].tokens), step)
         start = timeline.now()
-        row_k = step_length(k, len(row.result.tokens), max_new_tokens)
-        blocks.append(propose(row.drafter, row.seq, row_k, sampling, row.rng))
-        if row.drafter is not None:
-            timeline.record("draft", str(row.drafter.device), start, timeline.now(), len(blocks[-1].tokens), step)
-    start = timeline.now()
-    logits = batched_verify(verifier, rows, blocks)  # [B, T, V]
-    synchronize(verifier.device)
-    scored = timeline.now()
-    timeline.record("verify", str(verifier.device), start, scored, sum(len(b.tokens) + 1 for b in blocks), step)
-    outcomes = [accept_block(b.tokens, b.probs, logits[i, : len(b.tokens) + 1], sampling, row.rng)
-                for i, (row, b) in enumerate(zip(rows, blocks, strict=True))]
-    end = timeline.now()
-    timeline.record("accept", str(verifier.device), scored, end, sum(a + 1 for a, _ in outcomes), step)
-    for row, block, (num_accepted, next_token) in zip(rows, blocks, outcomes, strict=True):
-        commit_row(row, Outcome(block, num_accepted, next_token, end - start), eos, max_new_tokens)
+        logits = batched_verify(self.verifier, rows, blocks)  # [B, T, V]
+        synchronize(self.device)
+        scored = timeline.now()
+        timeline.record("verify", str(self.device), start, scored, sum(len(b.tokens) + 1 for b in blocks), step)
+        decided = [accept_block(b.tokens, b.probs, logits[i, : len(b.tokens) + 1], self.sampling, row.rng)
+                   for i, (row, b) in enumerate(zip(rows, blocks, strict=True))]
+        end = timeline.now()
+        timeline.record("accept", str(self.device), scored, end, sum(a + 1 for a, _ in decided), step)
+        return [Outcome(block, num, nxt, end - start) for block, (num, nxt) in zip(blocks, decided, strict=True)]
+
+    def leave(self, rows: list[Row], keep: list[int]) -> None:
+        compact_cache(self.verifier.model, keep)
+
+
+class DeviceBatchStep:
+    """Greedy batch on the device: `DeviceRows` drafts, verifies and accepts every row in one graph replay.
+
+    Rows keep their slot (their index in the batch) for the whole batch; a finished row is retired in place
+    (it stops advancing) rather than compacted, because the captured graph has one shape."""
+
+    def __init__(self, rows: DeviceRows, timeline: Timeline):
+        self.rows, self.timeline, self.device = rows, timeline, rows.device
+
+    def prefill(self, rows: list[Row], cache_len: int) -> None:
+        prompts = [row.seq for row in rows]
+        for holder in self.rows.holders():
+            holder.gm.ensure_cache(max(cache_len, holder.min_cache_len), len(rows))
+            batched_prefill(holder.model, prompts)
+        self.rows.start(prompts)
+
+    def __call__(self, rows: list[Row], k: int, max_new_tokens: int, step: int) -> list[Outcome]:
+        start = self.timeline.now()
+        records = self.rows.replay()
+        end = self.timeline.now()
+        self.timeline.record("verify", str(self.device), start, end, len(rows) * (self.rows.k + 1), step)
+        return [Outcome(DraftBlock(drafts, None, 0.0), num, nxt, end - start)
+                for num, nxt, *drafts in (records[row.index] for row in rows)]
+
+    def leave(self, rows: list[Row], keep: list[int]) -> None:
+        for i, row in enumerate(rows):
+            if i not in keep:
+                self.rows.retire(row.index)
 
 
 def make_rows(drafters: Sequence[Drafter | None] | Callable[[], Drafter], prompts: list[list[int]],
@@ -135,10 +202,6 @@ def make_rows(drafters: Sequence[Drafter | None] | Callable[[], Drafter], prompt
     chosen = [drafters() for _ in prompts] if callable(drafters) else list(drafters)
     if len(chosen) != len(prompts):
         raise UserError(f"run_batch needs one drafter per prompt: {len(chosen)} drafters for {len(prompts)} prompts")
-    real = [d for d in chosen if d is not None]
-    if len({id(getattr(d, "model", d)) for d in real}) != len(real):
-        raise UserError("run_batch drafters must not share a model (each keeps its own KV cache); "
-                        "pass a drafter_factory that loads one model per sequence")
     return [Row(i, d, torch.Generator().manual_seed(seed + i), list(p), GenerationResult(tokens=[]))
             for i, (d, p) in enumerate(zip(chosen, prompts, strict=True))]
 
@@ -154,11 +217,13 @@ def run_batch(
     seed: int = 0,
     draft_length: int = 4,
     timeline: Timeline | None = None,
+    device_rows: DeviceRows | None = None,
 ) -> list[GenerationResult]:
     """Speculative decoding of several prompts at once; one GenerationResult per prompt, in prompt order.
 
     `drafters`: one drafter per prompt (None for all: batched plain decoding), or a factory called once per
-    prompt. Sequence i samples with seed + i.
+    prompt. Sequence i samples with seed + i. With `device_rows` (greedy, graph models; chosen by
+    `dfvg.engine.Engine.decode_batch`) every step is one graph replay; the rows then draft with its drafter.
     prefill_s / decode_s of each result are the batch's (shared) wall-clock times.
     """
     if not prompts:
@@ -168,23 +233,21 @@ def run_batch(
     timeline = timeline if timeline is not None else Timeline()
     rows = make_rows(drafters, prompts, seed)
     k = draft_length if any(row.drafter is not None for row in rows) else 0
-    cache_len = max_seq_len(max(len(p) for p in prompts), max_new_tokens, k)
+    batch = DeviceBatchStep(device_rows, timeline) if device_rows is not None else \
+        HostBatchStep(verifier, sampling, timeline)
     start = time.perf_counter()
-    verifier.model.setup_cache(len(prompts), cache_len)
     t0 = timeline.now()
-    batched_prefill(verifier.model, prompts)
-    for row in rows:
-        if row.drafter is not None:
-            row.drafter.prefill(row.seq, cache_len)
+    batch.prefill(rows, max_seq_len(max(len(p) for p in prompts), max_new_tokens, k))
     synchronize(verifier.device)
     timeline.record("prefill", str(verifier.device), t0, timeline.now(), sum(len(p) - 1 for p in prompts))
     prefill_s, decode_start = time.perf_counter() - start, time.perf_counter()
-    active, step = rows, 0
+    active, step, eos = rows, 0, set(eos_ids)
     while active:
-        batch_step(verifier, active, k, sampling, set(eos_ids), max_new_tokens, timeline, step)
+        for row, outcome in zip(active, batch(active, k, max_new_tokens, step), strict=True):
+            commit_row(row, outcome, eos, max_new_tokens)
         keep = [i for i, row in enumerate(active) if not row.done]
         if len(keep) < len(active) and keep:
-            compact_cache(verifier.model, keep)
+            batch.leave(active, keep)
         active, step = [active[i] for i in keep], step + 1
     decode_s = time.perf_counter() - decode_start
     for row in rows:

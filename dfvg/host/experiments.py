@@ -23,6 +23,7 @@ import math
 import resource
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,8 +42,8 @@ from dfvg.fpga.board.boards import get_board
 from dfvg.fpga.board.latency import DesignParams, DraftWorkload
 from dfvg.fpga.datapath.drafter import FpgaOptions
 from dfvg.generate import GenerationResult, max_seq_len
+from dfvg.gpu.graphs import GraphDrafter
 from dfvg.host.adaptive import AdaptiveDraftLength
-from dfvg.host.batch import run_batch
 from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, load_device_config
 from dfvg.host.experiment_config import ExperimentConfig, load_experiment_config
 from dfvg.host.plans import DESCRIPTIONS, Plan, batch_size_of, max_batch_size, plans
@@ -231,6 +232,12 @@ def warm_up(plans_: list[Plan], ctx: Context) -> float:
     for plan in plans_:
         if batch_size_of(plan, ctx.cfg) == 1:
             decode(plan, ctx, longest[:24], seed=0, max_new_tokens=min(plan.draft_length + 3, ctx.cfg.max_new_tokens))
+    sizes = {(p.name, min(p.batch_size or ctx.cfg.batch_size, end - first))
+             for p, first, end in schedule(plans_, ctx.cfg, len(ctx.prompts))}
+    for plan in plans_:
+        for rows in sorted(b for name, b in sizes if name == plan.name and b > 1):  # each batch shape it replays
+            group = [{"id": "warm-up", "ids": longest[:24]}] * rows
+            decode_batch(plan, ctx, group, 0, 0, max_new_tokens=min(plan.draft_length + 3, ctx.cfg.max_new_tokens))
     return seconds + time.perf_counter() - start
 
 
@@ -275,27 +282,49 @@ def decode_one(plan: Plan, ctx: Context, prompt: dict, index: int, run: int) -> 
                       result.stats(), list(result.steps), timeline, projected, source, provenance)
 
 
-def decode_batch(plan: Plan, ctx: Context, group: list[dict], first: int, run: int) -> list[Generation]:
-    """batch_size prompts through the host runtime's run_batch: one target forward per step for all rows.
+def batch_drafter_factory(plan: Plan, ctx: Context) -> Callable[[], Any] | None:
+    """How a batch plan makes a drafter: the run's own for a graph drafter (its cache then holds a row per
+    sequence), else a new one per call (eager and FPGA drafters keep one sequence's state each)."""
+    if plan.drafter == "none":
+        return None
+    single = drafter_of(plan, ctx)
+    if isinstance(single, GraphDrafter):
+        return lambda: single
+    device = "fpga" if plan.drafter == "fpga" else ctx.draft_device
+    options = fpga_options(ctx.devices) if plan.drafter == "fpga" else {}
+    path = ctx.cfg.extra_drafts[plan.draft] if plan.draft else ctx.cfg.draft_model
+    return lambda: make_drafter(path, device, ctx.dtype, ctx.engine.verifier.vocab_size, fast=False, **options)
+
+
+def decode_batch(plan: Plan, ctx: Context, group: list[dict], first: int, run: int,
+                 max_new_tokens: int | None = None) -> list[Generation]:
+    """batch_size prompts through the engine's batch: one target forward per step for all rows.
     The shared timeline goes with the group's first generation; each row is charged 1/B of the time."""
     kind = plan.draft or plan.drafter  # an extra draft by its name, else torch / fpga / none
-    if kind == "none":  # batched plain decoding: the baseline at the same batch size
-        ctx.batch_drafters[kind] = [None] * max_batch_size(ctx.cfg)
-    if kind not in ctx.batch_drafters:  # one drafter (its own KV cache) per row, made once
-        device = "fpga" if kind == "fpga" else ctx.draft_device
-        options = fpga_options(ctx.devices) if kind == "fpga" else {}
-        path = ctx.cfg.extra_drafts[plan.draft] if plan.draft else ctx.cfg.draft_model
-        ctx.batch_drafters[kind] = [make_drafter(path, device, ctx.dtype,
-                                                 ctx.engine.verifier.vocab_size, fast=False, **options)
-                                    for _ in range(max_batch_size(ctx.cfg))]
+    if kind not in ctx.batch_drafters:  # made once: one graph drafter for all rows, or one per row
+        ctx.batch_drafters[kind] = ctx.engine.batch_drafters(batch_drafter_factory(plan, ctx),
+                                                             max_batch_size(ctx.cfg), ctx.sampling)
     timeline = Timeline()
-    results = run_batch(ctx.engine.verifier, ctx.batch_drafters[kind][:len(group)], [p["ids"] for p in group],
-                        ctx.cfg.max_new_tokens, eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=ctx.cfg.seed + first,
-                        draft_length=plan.draft_length, timeline=timeline)
+    results = ctx.engine.decode_batch(ctx.batch_drafters[kind][:len(group)], [p["ids"] for p in group],
+                                      max_new_tokens or ctx.cfg.max_new_tokens, k=plan.draft_length,
+                                      eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=ctx.cfg.seed + first,
+                                      timeline=timeline)
     events = [event_dict(e) for e in timeline.events]
     return [Generation(plan.name, run, p["id"], len(p["ids"]), list(r.tokens), ctx.detokenize(r.tokens), r.stats(),
                        list(r.steps), events if i == 0 else [], batch_share=1 / len(group))
             for i, (p, r) in enumerate(zip(group, results, strict=True))]
+
+
+def schedule(runnable: list[Plan], cfg: ExperimentConfig, num_prompts: int) -> Iterator[tuple[Plan, int, int]]:
+    """(plan, first prompt of its group, end of the chunk) in run order: the prompts go in chunks of the lcm
+    of the batch sizes, and within a chunk each variant takes them in turn, a group of its batch size at a
+    time (the last group of a chunk may be smaller)."""
+    chunk = math.lcm(*(batch_size_of(p, cfg) for p in runnable), 1)
+    for first in range(0, num_prompts, chunk):
+        end = min(first + chunk, num_prompts)
+        for plan in runnable:
+            for group_first in range(first, end, batch_size_of(plan, cfg)):
+                yield plan, group_first, end
 
 
 def execute(cfg: ExperimentConfig, ctx: Context, progress: Progress) -> dict[str, VariantResult]:
@@ -314,12 +343,8 @@ def execute(cfg: ExperimentConfig, ctx: Context, progress: Progress) -> dict[str
     with tqdm(total=total, initial=total * restored // cfg.num_runs, desc=cfg.name, unit="gen", file=sys.stderr,
               dynamic_ncols=True, disable=None) as bar:  # no bar when stderr is not a terminal
         for run in range(restored, cfg.num_runs):
-            chunk = math.lcm(*(batch_size_of(p, cfg) for p in runnable), 1)  # each variant takes these in turn
-            for first in range(0, len(ctx.prompts), chunk):
-                for plan in runnable:
-                    end = min(first + chunk, len(ctx.prompts))
-                    for group_first in range(first, end, batch_size_of(plan, cfg)):
-                        run_group(plan, variants[plan.name], ctx, run, group_first, bar, stop=end)
+            for plan, group_first, end in schedule(runnable, cfg, len(ctx.prompts)):
+                run_group(plan, variants[plan.name], ctx, run, group_first, bar, stop=end)
             progress.save(run + 1, variants)
     return variants
 

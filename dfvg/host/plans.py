@@ -19,7 +19,7 @@ DESCRIPTIONS = {
     "overlap": "speculative decoding, draft overlapped with verification (host runtime)",
     "adaptive": "overlap with adaptive draft length (host runtime)",
     "sweep": "speculative decoding, sync, float draft, draft length k",
-    "batch": "batch of B prompts, one target forward per step for all rows (eager batched verify)",
+    "batch": "batch of B prompts, one target pass per step for all rows (one graph replay per step on CUDA, greedy)",
 }
 
 
