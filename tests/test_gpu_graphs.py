@@ -101,13 +101,19 @@ def test_graph_protocol_classes_in_reference_loop(pair):
     assert sampled.tokens == ref.tokens
 
 
+@pytest.fixture(scope="module")
+def cuda_pair():
+    """fp32 target and draft on the GPU, so rounding cannot flip a token against the eager engine."""
+    target = tiny("qwen2", 1, device="cuda")
+    return target, tiny("qwen2", 2, device="cuda", num_hidden_layers=1, hidden_size=32, intermediate_size=48)
+
+
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("compile_blocks", [False, True])
-def test_cuda_graphs_match_eager_on_gpu(compile_blocks):
-    """fp32 on the GPU so rounding cannot flip a token: graph replays must give the eager engine's tokens."""
-    target = tiny("qwen2", 1, device="cuda")
-    draft = tiny("qwen2", 2, device="cuda", num_hidden_layers=1, hidden_size=32, intermediate_size=48)
+def test_cuda_graphs_match_eager_on_gpu(cuda_pair, compile_blocks):
+    """Graph replays (single sequence) must give the eager engine's tokens."""
+    target, draft = cuda_pair
     verifier = GraphVerifier(target, compile_blocks, 128)
     drafter = GraphDrafter(draft, 96, compile_blocks, 128)
     engine = Engine(verifier)
@@ -124,10 +130,9 @@ def test_cuda_graphs_match_eager_on_gpu(compile_blocks):
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("compile_blocks", [False, True])
-def test_device_batch_matches_eager_on_gpu(compile_blocks):
-    """fp32 on the GPU: a batch's captured step (B = 3, plain and k = 4) gives each row's eager tokens."""
-    target = tiny("qwen2", 1, device="cuda")
-    draft = tiny("qwen2", 2, device="cuda", num_hidden_layers=1, hidden_size=32, intermediate_size=48)
+def test_device_batch_matches_eager_on_gpu(cuda_pair, compile_blocks):
+    """A batch's captured step (B = 3, plain and k = 4) gives each row's eager tokens."""
+    target, draft = cuda_pair
     engine = Engine(GraphVerifier(target, compile_blocks, 128))
     prompts = [torch.randint(2, 96, (n,)).tolist() for n in (3, 17, 8)]
     want = [generate(TorchVerifier(target), p, 30).tokens for p in prompts]
