@@ -218,3 +218,18 @@ def test_run_config_under_torchrun_writes_one_report_from_rank_0(checkpoints, tm
     with torch.inference_mode():
         expected = engine.decode(None, [5, 17, 33, 8], 8, k=0).tokens  # word-level ids: w5 -> 5
     assert rows == {"baseline": expected, "speculative": expected}
+
+
+def test_scaling_model_is_the_bandwidth_floor_plus_two_allreduces_per_layer():
+    from dfvg.parallel.scaling import TARGETS, allreduce_budget, scaling_rows, step_seconds, weight_bytes
+
+    cfg = TARGETS["llama-2-7b"]
+    assert 6.5e9 < weight_bytes(cfg) / 2 < 6.8e9  # Llama-2-7B: 6.74 B parameters, the embedding not streamed
+    floor = step_seconds(cfg, 1, allreduce_s=1.0)  # TP 1 has no all-reduce
+    assert step_seconds(cfg, 2, 0.0) == pytest.approx(floor / 2)
+    assert step_seconds(cfg, 2, 1e-5) == pytest.approx(floor / 2 + 2 * cfg.num_layers * 1e-5)
+    budget = allreduce_budget(cfg, 2, 0.6)
+    assert step_seconds(cfg, 2, budget) == pytest.approx(0.6 * floor)  # the budget meets the goal exactly
+    rows = scaling_rows({1: 0.0, 2: budget}, "assumed", "test")
+    assert [r["allreduce_us"].provenance for r in rows] == ["modeled", "assumed"] * len(TARGETS)
+    assert rows[1]["speedup"].value == pytest.approx(1 / 0.6) and rows[1]["step_ms"].provenance == "modeled"

@@ -82,12 +82,14 @@ def check_launch(size: int, flag: str) -> None:
         raise UserError(f"started as {launched} processes (torchrun) but {flag} is 1; pass {flag} {launched}")
 
 
-def start(size: int, device_name: str, target_dir: str | Path,
+def start(size: int, device_name: str, target: str | Path | ModelConfig,
           flag: str = "--tensor-parallel") -> TensorParallel | None:
-    """Check N, then join the group torchrun started; None (and no group) when N is 1."""
+    """Check N against the target (its checkpoint directory, or its shapes for random weights), then join the
+    group torchrun started; None (and no group) when N is 1."""
     global _CURRENT
     if size != 1:
-        check_size(size, load_config(target_dir), device_name, torch.cuda.device_count(), flag)
+        cfg = target if isinstance(target, ModelConfig) else load_config(target)
+        check_size(size, cfg, device_name, torch.cuda.device_count(), flag)
     check_launch(size, flag)
     if size == 1:
         return None
