@@ -36,6 +36,7 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.gpu_decode import random_model  # noqa: E402
 from dfvg.checkpoint import load_config, load_model, resolve_dtype  # noqa: E402
 from dfvg.devices import synchronize  # noqa: E402
 from dfvg.drafter import DraftBlock  # noqa: E402
@@ -99,9 +100,7 @@ def load_target(args: argparse.Namespace, tp: group.TensorParallel | None, devic
                 dtype: torch.dtype) -> TorchVerifier:
     """The eager target: this rank's shard at TP > 1, the whole model at TP 1."""
     if args.shape:
-        from benchmarks.gpu_decode import random_model  # CUDA only, like every --shape run
-
-        full = random_model(scaling.TARGETS[args.shape])
+        full = random_model(scaling.TARGETS[args.shape])  # on CUDA: --shape runs are GPU runs
     else:
         full = load_model(args.target, dtype=dtype, device="cpu")
     if tp is None:
