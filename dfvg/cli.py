@@ -4,7 +4,9 @@
 and one line of statistics on stderr (so `> file` keeps only the text), or one JSON object with `--json`.
 A `--prompt` goes through the target's chat template when it has one (`--raw-prompt`: plain text).
 `dfvg run --config FILE` runs an experiment config (the host runtime). A user mistake (`UserError`) is
-printed as one line on stderr with exit status 2, never as a traceback.
+printed as one line on stderr with exit status 2, never as a traceback. Under torchrun
+(`torchrun --nproc-per-node N -m dfvg generate --tensor-parallel N ...`, or `tensor_parallel: N` in a run
+config) every rank runs the same command and rank 0 alone prints (`dfvg.parallel`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import torch
 
 from dfvg.errors import OneLineParser, UserError, report_interrupt
+from dfvg.parallel import group
 
 DRAFT_DEVICE_HELP = "where the draft runs: cpu, cuda, cuda:N or fpga (bit-exact integer emulation)"
 
@@ -50,6 +53,9 @@ def add_generate_parser(commands) -> None:
     gen.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on cpu, bfloat16 on cuda")
     gen.add_argument("--device", default="cpu", help="where the target verifies: cpu, cuda or cuda:N")
     gen.add_argument("--draft-device", help=DRAFT_DEVICE_HELP + " (default: --device)")
+    gen.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                     help="split the target over N ranks started by torchrun --nproc-per-node N (NCCL, one GPU "
+                          "each, with --device cuda; gloo with --device cpu); the draft runs on rank 0")
     gen.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding of the target")
     gen.add_argument("--json", action="store_true", help="print one JSON object (default: text, then a stats line)")
     gen.add_argument("--eager", action="store_true",
@@ -104,13 +110,14 @@ def run_generate(args: argparse.Namespace) -> dict:
     if args.draft_length < 1 and not args.no_draft:
         raise UserError(f"--draft-length must be >= 1, got {args.draft_length}")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
-    device = resolve_device(args.device)
+    tensor_parallel = group.start(args.tensor_parallel, args.device, args.target)
+    device = tensor_parallel.device if tensor_parallel else resolve_device(args.device)
     dtype = resolve_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     tokenizer = load_tokenizer(args.target)
     chat = False
     if args.prompt is not None:  # before loading weights: a broken chat template fails in a second, not minutes
         prompt_ids, chat = encode_prompt(tokenizer, args.target, args.prompt, chat=not args.raw_prompt)
-    engine, drafter = load_engine(args, device, dtype, tokenizer)
+    engine, drafter = load_engine(args, device, dtype, tokenizer, tensor_parallel)
     if args.prompt is None:
         prompt_ids = parse_prompt_ids(args.prompt_ids, engine.verifier.vocab_size)
     k = 0 if drafter is None else args.draft_length
@@ -140,13 +147,15 @@ def print_generation(payload: dict, as_json: bool) -> None:
     print(stats_line(payload["stats"]), file=sys.stderr, flush=True)
 
 
-def load_engine(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, tokenizer):
-    """The engine on the target and the drafter (None with --no-draft); CUDA graphs unless --eager."""
+def load_engine(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, tokenizer,
+                tensor_parallel: group.TensorParallel | None = None):
+    """The engine on the target (this rank's shard under tensor parallelism) and the drafter (None with
+    --no-draft); CUDA graphs unless --eager."""
     from dfvg.engine import Engine, load_verifier, make_drafter
     from dfvg.tokenizer import check_compatible, load_tokenizer
 
     fast = not args.eager
-    engine = Engine(load_verifier(args.target, device, dtype, fast))
+    engine = Engine(load_verifier(args.target, device, dtype, fast, tensor_parallel))
     if args.no_draft:
         return engine, None
     check_compatible(tokenizer, load_tokenizer(args.draft), args.draft)
@@ -162,18 +171,24 @@ def run_config(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; under torchrun every rank runs it and rank 0 alone prints (the others exit alike)."""
     args = build_parser().parse_args(argv)
     try:
         with torch.inference_mode():
             if args.command == "generate":
-                print_generation(run_generate(args), args.json)
+                payload = run_generate(args)
+                if group.leads():
+                    print_generation(payload, args.json)
             else:
                 run_config(args)
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        if group.leads():
+            print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        return report_interrupt(resumable=args.command == "run")
+        return report_interrupt(resumable=args.command == "run") if group.leads() else 130
+    finally:
+        group.stop()
     return 0
 
 

@@ -7,7 +7,9 @@ which always ends in `dfvg.generate.decode` with one of its steps:
   `DeviceStep` replay per step, and any other drafter (FPGA datapath, board, CPU) feeds its drafts to the
   same captured verify-and-accept (`GraphVerifier.verify`);
 - otherwise the eager `TorchVerifier` / `TorchDrafter` under the `HostStep`;
-- the overlap schedule and the adaptive draft length are `dfvg.host.pipeline`'s steps, on either verifier.
+- the overlap schedule and the adaptive draft length are `dfvg.host.pipeline`'s steps, on either verifier;
+- under `--tensor-parallel N` (torchrun), every rank runs this same loop on its `TensorParallelVerifier` shard,
+  eagerly; the draft runs on rank 0 only and the other ranks receive its blocks (`dfvg.parallel`).
 
 Graph capture and compilation happen once per process, in `warm_up`, which returns its seconds so reports
 show them as `warmup_s` and never inside a prompt's tokens per second.
@@ -32,6 +34,9 @@ from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.batch import run_batch
 from dfvg.host.pipeline import device_label, run_pipeline
 from dfvg.host.timeline import Timeline
+from dfvg.parallel.drafts import ReceivedDrafts, share_drafts
+from dfvg.parallel.group import TensorParallel, current
+from dfvg.parallel.verifier import TensorParallelVerifier
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import TorchVerifier, Verifier
 
@@ -42,8 +47,12 @@ def uses_graphs(device: torch.device, fast: bool) -> bool:
     return fast and device.type == "cuda"
 
 
-def load_verifier(target_dir: str | Path, device: torch.device, dtype: torch.dtype, fast: bool = True) -> Verifier:
-    """The target on `device`: CUDA graphs + fused layers on CUDA (unless fast=False), else eager."""
+def load_verifier(target_dir: str | Path, device: torch.device, dtype: torch.dtype, fast: bool = True,
+                  tensor_parallel: TensorParallel | None = None) -> Verifier:
+    """The target on `device`: CUDA graphs + fused layers on CUDA (unless fast=False), else eager; this rank's
+    eager shard under tensor parallelism (`dfvg.parallel.group.start`)."""
+    if tensor_parallel is not None:
+        return TensorParallelVerifier.load(target_dir, tensor_parallel, dtype)
     model = load_model(target_dir, dtype=dtype, device=device)
     if uses_graphs(device, fast):
         return GraphVerifier(model, cache_len=DEFAULT_CACHE_LEN)
@@ -52,7 +61,14 @@ def load_verifier(target_dir: str | Path, device: torch.device, dtype: torch.dty
 
 def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_vocab_size: int,
                  fast: bool = True, **fpga_options) -> Drafter:
-    """The drafter for a device name: `fpga` (bit-exact integer datapath, or a board) or a torch device."""
+    """The drafter for a device name: `fpga` (bit-exact integer datapath, or a board) or a torch device.
+
+    Under tensor parallelism the ranks other than 0 load nothing and receive rank 0's drafts, and rank 0's draft
+    runs eagerly: a graph capture on rank 0 alone would put its warm-up out of step with the other ranks."""
+    tp = current()
+    if tp is not None and not tp.leads:
+        return ReceivedDrafts(tp)
+    fast = fast and tp is None
     if device == "fpga":
         return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=target_vocab_size, **fpga_options)
     torch_device = resolve_device(device)
@@ -99,6 +115,7 @@ class Engine:
         sampling = sampling or SamplingParams()
         k = k if drafter is not None else 0
         self._remember(drafter)
+        drafter = share_drafts(self.verifier, drafter)  # tensor parallel: rank 0 broadcasts its blocks
         if drafter is not None and (mode != "sync" or adaptive is not None):
             return run_pipeline(self.verifier, drafter, prompt_ids, max_new_tokens, eos_ids=eos_ids,
                                 sampling=sampling, seed=seed, draft_length=k, mode=mode, adaptive=adaptive,

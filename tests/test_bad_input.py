@@ -81,6 +81,8 @@ def inputs(tmp_path_factory, tiny_pair) -> Path:
                "bits": {"devices": {"draft": "fpga", "fpga": {"bits": 3}}},
                "board": {"devices": {"draft": "fpga", "fpga": {"board": "zynq"}}},
                "xrt": {"devices": {"draft": "fpga", "fpga": {"mode": "xrt"}}},
+               "tp": {"tensor_parallel": 2}, "tpzero": {"tensor_parallel": 0},
+               "tpoverlap": {"tensor_parallel": 2, "variants": ["baseline", "overlap"]},
                "ok": {}, "long-run": {"num_prompts": 2, "max_new_tokens": 150, "num_runs": 3, "name": "long-run"}}
     for name, extra in configs.items():
         text = "target_model: [unclosed\n" if extra is None else yaml.safe_dump({**base, **extra})
@@ -176,6 +178,16 @@ CASES: dict[str, Case] = {
                                 "4", "--fpga-group-size", "0"), "--fpga-group-size must be an even integer"),
     "fpga-unknown-board": Case(gen("--target", "target", "--draft", "draft", "--draft-device", "fpga",
                                    "--fpga-board", "zynq"), "unknown FPGA board 'zynq'"),
+    "tensor-parallel-zero": Case(gen("--target", "target", "--no-draft", "--tensor-parallel", "0"),
+                                 "--tensor-parallel must be >= 1"),
+    "tensor-parallel-not-dividing-heads": Case(gen("--target", "target", "--no-draft", "--tensor-parallel", "3"),
+                                               "--tensor-parallel 3 does not split the target's 4 attention heads "
+                                               "and 2 KV heads evenly; use one of 1, 2, 4"),
+    "tensor-parallel-more-than-gpus": Case(gen("--target", "target", "--no-draft", "--device", "cuda",
+                                               "--tensor-parallel", "8"), "--tensor-parallel 8 needs 8 GPUs",
+                                           skip="this machine has 8 GPUs" if torch.cuda.device_count() >= 8 else ""),
+    "tensor-parallel-without-torchrun": Case(gen("--target", "target", "--no-draft", "--tensor-parallel", "2"),
+                                             "start it as torchrun --nproc-per-node 2 -m dfvg"),
     # dfvg run / run_experiments.py: configs
     "yaml-syntax-error": Case(run("syntax"), "syntax.yaml is not valid YAML at line 2"),
     "config-unknown-key": Case(run("unknown"), "unknown key 'colour'"),
@@ -191,6 +203,10 @@ CASES: dict[str, Case] = {
                                     skip=NO_CUDA),
     "device-fpga-bits": Case(run("bits"), "fpga.bits must be one of 8, 4, got 3"),
     "device-xrt-without-xclbin": Case(run("xrt"), "fpga.mode xrt needs fpga.xclbin"),
+    "run-tensor-parallel-zero": Case(run("tpzero"), "tensor_parallel must be an integer >= 1, got 0"),
+    "run-tensor-parallel-overlap": Case(run("tpoverlap"), "tensor_parallel 2 runs the sync schedule at batch 1; "
+                                                          "drop variants overlap"),
+    "run-tensor-parallel-without-torchrun": Case(run("tp"), "tensor_parallel 2 needs one process per rank"),
     "output-through-a-file": Case(run("ok", "--output", "afile/results"),
                                   "afile is a file; pass a writable directory as --output"),
     "output-on-proc": Case(run("ok", "--output", "/proc/dfvg-results"), "/proc/dfvg-results is not writable"),

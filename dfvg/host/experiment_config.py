@@ -60,6 +60,7 @@ class ExperimentConfig:
     num_runs: int = 1
     warmup: bool = True
     eager: bool = False  # CUDA: the eager torch step instead of CUDA graphs + fused layers (debugging)
+    tensor_parallel: int = 1  # ranks the target is split over (torchrun --nproc-per-node N; dfvg.parallel)
     variants: tuple[str, ...] = ("baseline", "speculative")
     cpu_watts_per_core: float | None = None
     threads: int | None = None
@@ -150,7 +151,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "temperature": _float(0.0, 100.0), "top_k": _int(0), "top_p": _float(0.0, 1.0, low_open=True),
     "seed": _int(0), "num_runs": _int(1), "warmup": _bool, "eager": _bool, "variants": _variants,
     "cpu_watts_per_core": _optional(_float(0.0, 1000.0, low_open=True)), "threads": _optional(_int(1)),
-    "output_dir": _text,
+    "output_dir": _text, "tensor_parallel": _int(1),
 }
 PATH_KEYS = ("target_model", "draft_model", "draft_params", "device_config", "output_dir")
 
@@ -277,9 +278,20 @@ def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None
         raise UserError(f"{source}: variant sweep needs draft_length_sweep, e.g. [1, 2, 4, 8]")
     if "batch" in cfg.variants and not cfg.batch_sizes:
         raise UserError(f"{source}: variant batch needs batch_sizes, e.g. [1, 4, 16]")
+    check_tensor_parallel(cfg)
     if cfg.batch_sizes and max(cfg.batch_sizes) > cfg.num_prompts:
         raise UserError(f"{source}: batch_sizes {list(cfg.batch_sizes)} needs num_prompts >= {max(cfg.batch_sizes)}")
     return cfg
+
+
+def check_tensor_parallel(cfg: ExperimentConfig) -> None:
+    """A tensor-parallel target runs the sync schedule on one sequence: every rank must take the same steps,
+    and the overlap schedule's draft thread and the batched forward have no sharded form yet."""
+    unsupported = [v for v in ("overlap", "adaptive", "batch") if v in cfg.variants]
+    if cfg.tensor_parallel > 1 and (unsupported or cfg.batch_size > 1):
+        what = f"variants {', '.join(unsupported)}" if unsupported else f"batch_size {cfg.batch_size}"
+        raise UserError(f"{cfg.source}: tensor_parallel {cfg.tensor_parallel} runs the sync schedule at batch 1; "
+                        f"drop {what} or set tensor_parallel: 1")
 
 
 def load_experiment_config(source: str | Path | dict) -> ExperimentConfig:

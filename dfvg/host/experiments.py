@@ -5,7 +5,8 @@ group before the next, so load bursts on a shared machine hit all variants alike
 and compilation, once per process, reported as `warmup_s`), which engine step each variant gets (through
 `dfvg.engine.Engine.decode`, batches through `run_batch`), the board projection of FPGA drafts, energy
 metering per variant and prompt group, the progress bar, and handing a `RunResults` to
-`dfvg.reports.write_run_reports`. Each model is loaded once for the whole run.
+`dfvg.reports.write_run_reports`. Each model is loaded once for the whole run. With `tensor_parallel: N`
+(under torchrun) every rank runs the same plans in lockstep and rank 0 alone saves progress and writes reports.
 
 Variants: `baseline` (the target alone, autoregressive, measured in this same process), `speculative`
 (sync, float draft on the draft device), `fpga` (sync, the bit-exact FPGA datapath emulated here, with
@@ -52,6 +53,7 @@ from dfvg.host.records import Generation, RunResults, VariantResult
 from dfvg.host.resume import Progress
 from dfvg.host.timeline import Timeline
 from dfvg.outputs import check_writable
+from dfvg.parallel import group
 from dfvg.sampling import SamplingParams
 from dfvg.stats import Metric
 from dfvg.tokenizer import check_compatible, check_fits, encode, eos_token_ids, load_tokenizer
@@ -123,10 +125,12 @@ def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
         check_compatible(tokenizer, load_tokenizer(cfg.draft_model), cfg.draft_model)
     prompts = load_prompts_ids(cfg, tokenizer)
     check_fits(prompts, cfg.max_new_tokens, load_config(cfg.target_model).max_position_embeddings, cfg.dataset)
-    device = resolve_device(verify_device)
+    tensor_parallel = group.start(cfg.tensor_parallel, verify_device, cfg.target_model,
+                                  flag=f"{cfg.source}: tensor_parallel")
+    device = tensor_parallel.device if tensor_parallel else resolve_device(verify_device)
     dtype = resolve_dtype(cfg.dtype if cfg.dtype != "auto" else
                           ("bfloat16" if device.type == "cuda" else "float32"))
-    engine = Engine(load_verifier(cfg.target_model, device, dtype, fast=not cfg.eager))
+    engine = Engine(load_verifier(cfg.target_model, device, dtype, fast=not cfg.eager, tensor_parallel=tensor_parallel))
     ctx = Context(cfg, nvml, tokenizer, prompts, engine, eos_token_ids(cfg.target_model),
                   SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p),
                   draft_device if draft_device != "fpga" else verify_device, verify_device, devices)
@@ -194,7 +198,7 @@ def project(plan: Plan, ctx: Context, result: GenerationResult, events: list[dic
     """(seconds, source, provenance) end to end with the draft on the modeled board; FPGA drafts only.
 
     dfvg.host.projection replays the measured schedule with each block's modeled time (the events carry it)."""
-    if plan.drafter != "fpga" or ctx.fpga_drafter is None:
+    if plan.drafter != "fpga" or ctx.fpga_drafter is None or not group.leads():  # rank 0 alone drafts and reports
         return None, "", ""
     d = ctx.fpga_drafter
     prefill = modeled_prefill_s(d.workload, d.board, d.design, prompt_len)
@@ -341,11 +345,12 @@ def execute(cfg: ExperimentConfig, ctx: Context, progress: Progress) -> dict[str
         ctx.notes.append(f"the first {restored} of {cfg.num_runs} repetitions were measured by an interrupted "
                          "earlier run of the same command (dfvg.host.resume)")
     with tqdm(total=total, initial=total * restored // cfg.num_runs, desc=cfg.name, unit="gen", file=sys.stderr,
-              dynamic_ncols=True, disable=None) as bar:  # no bar when stderr is not a terminal
+              dynamic_ncols=True, disable=None if group.leads() else True) as bar:  # no bar off a terminal
         for run in range(restored, cfg.num_runs):
             for plan, group_first, end in schedule(runnable, cfg, len(ctx.prompts)):
                 run_group(plan, variants[plan.name], ctx, run, group_first, bar, stop=end)
-            progress.save(run + 1, variants)
+            if group.leads():
+                progress.save(run + 1, variants)
     return variants
 
 
@@ -362,6 +367,8 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
     with torch.inference_mode():  # the overlap pipeline's draft thread follows this mode (pipeline.py)
         ctx = build_context(cfg, nvml)
         variants = execute(cfg, ctx, progress)
+    if not group.leads():  # a tensor-parallel rank other than 0 decoded in lockstep; rank 0 reports
+        return root
     results = RunResults(
         config=cfg, run_id=f"{cfg.name}-{started.strftime('%Y%m%dT%H%M%SZ')}", variants=variants,
         started_utc=started.isoformat(timespec="seconds"),
