@@ -81,7 +81,7 @@ def cut_head_draft(tiny_pair, tmp_path_factory):
 def test_modeled_block_time_by_hand(cut_head_draft, tmp_path):
     """The board model written out by hand for one block (dfvg/fpga/board/latency.py's documented formula), so a
     wrong count in the drafter's workload shows: k=4 drafts after a 7-token prompt on a U280 at the default
-    design (250 MHz, 4096 DSPs x 1 MAC, 30 us launch, 2 x 5 us + 20 B at 12 GB/s PCIe), with 1000 cycles of
+    design (250 MHz, 4096 DSPs x 1 MAC, 30 us launch, 2 x 5 us + 20 B at PCIe 4.0 x16's 31.5 GB/s), with 1000 cycles of
     fixed overhead per layer. The draft's few KB of weights and its KV cache sit on chip, so no pass streams
     off-chip bytes: each pass costs its MACs / (DSPs x clock) plus the layer overhead."""
     drafter = FpgaDrafter.from_checkpoint(cut_head_draft, target_vocab_size=96, bits=8, artifact_dir=tmp_path)
@@ -99,7 +99,7 @@ def test_modeled_block_time_by_hand(cut_head_draft, tmp_path):
     clock = 250e6
     compute_s = macs / (4096 * 1 * clock)
     overhead_s = len(contexts) * layers * 1000 / clock
-    launch_s, pcie_s = 30e-6, 2 * 5e-6 + 4 * (1 + 4) / 12e9
+    launch_s, pcie_s = 30e-6, 2 * 5e-6 + 4 * (1 + 4) / (16 * 16 * 128 / 130 / 8 * 1e9)
     assert block.modeled_s == pytest.approx(launch_s + pcie_s + compute_s + overhead_s, rel=1e-9)
 
 
