@@ -80,3 +80,27 @@ def test_projection_without_a_timeline_is_sync_only(tmp_path):
     rows = {r["variant"]: r for r in report(tmp_path)["rows"]}
     assert rows["fpga_sync_k4"]["projected_tok_s"] == pytest.approx(4 / (1.0 - 0.4 + 0.01))
     assert rows["fpga_overlap_k4"]["projected_tok_s"] is None
+
+
+@pytest.mark.parametrize("mode", ["sync", "overlap"])
+def test_fpga_runner_projects_the_engines_schedule(tiny_pair, mode):
+    """benchmarks' FPGA runner (the one projection: the engine's run replayed with modeled blocks) on CPU:
+    lossless, and the replayed time is the measured one with the emulated draft time swapped for the model's,
+    so below the wall time of a run whose emulated blocks take milliseconds against the model's ~50 us."""
+    import time
+
+    from benchmarks.gpu_phases import fpga_runner
+    from dfvg.checkpoint import load_model
+    from dfvg.fpga.datapath.drafter import FpgaDrafter
+    from dfvg.generate import generate
+    from dfvg.verifier import TorchVerifier
+
+    verifier = TorchVerifier(load_model(tiny_pair[0]))
+    drafter = FpgaDrafter.from_checkpoint(tiny_pair[0], target_vocab_size=96, bits=8)
+    ids = [5, 9, 14, 3, 22, 41, 7]
+    start = time.perf_counter()
+    tokens, stats = fpga_runner(verifier, drafter, 4, 24, mode)(ids)
+    wall = time.perf_counter() - start
+    assert tokens == generate(verifier, ids, 24).tokens
+    assert stats["mode"] == mode and stats["projected_provenance"] == "modeled"
+    assert 0 < stats["projected_s"] < wall
