@@ -61,3 +61,16 @@ def test_sizing_and_drafter_workloads_agree(tmp_path):
     drafter.design = DesignParams(max_context=2048)
     sized = sizing.size_draft(load_config(tmp_path), 4, k=4, context_len=100, group_size=16)
     assert drafter.modeled_block_s(4, 100, 1) == pytest.approx(sized.block_time.value, rel=1e-12)
+
+
+def test_prompt_pass_runs_the_head_once():
+    """A 50-token prompt pass of the shipped draft: 50 tokens through the layers, ONE head GEMV (only the last
+    token's logits are used), one launch, the ids in and the draft out over PCIe."""
+    cfg = load_config(SHIPPED)
+    layer_macs = 4 * ((8 + 2 * 2) * 64 * 512 + 8 * 64 * 512 + 3 * 512 * 1536)
+    clock = 250e6
+    by_hand = (30e-6 + 2 * 5e-6 + 4 * 51 / 31.5076923e9 + (50 * layer_macs + 32768 * 512) / (4096 * clock)
+               + 4 * 1000 / clock)
+    design = DesignParams(layer_overhead_cycles=1000.0)
+    modeled = model_block(draft_workload(cfg, 8), get_board("u280"), design, k=1, context_len=0, new_tokens=50)
+    assert modeled.block_time.value == pytest.approx(by_hand, rel=1e-6)

@@ -11,7 +11,8 @@ resource estimate (`resources.py`).
 
 The model, per forward pass that feeds n tokens at a cache of c positions:
     t_mem     = (off-chip weight bytes + off-chip KV bytes read/written) / (peak BW x efficiency)
-    t_compute = n x MACs(c) / (DSPs x MACs per DSP per cycle x clock)
+    t_compute = (n x layer MACs(c) + head MACs) / (DSPs x MACs per DSP per cycle x efficiency x clock)
+(the LM head runs once per pass: only the last fed token's logits are needed, as in integer_model.py)
     t_pass    = max(t_mem, t_compute) + layers x per-layer fixed cycles / clock
 The max() is the overlap assumption: weight tiles are double-buffered, so streaming tile i+1 hides
 under computing tile i; the per-layer fixed cycles (pipeline fill, reductions for norms and softmax,
@@ -271,7 +272,8 @@ def _pass_terms(w: DraftWorkload, board: Board, d: DesignParams, p: Placement, c
     offchip = w.streamed_weight_bytes() - p.resident_weight_bytes + kv_bytes
     mem_s = offchip / (board.offchip_peak_gbps * 1e9 * d.bandwidth_efficiency)
     macs_per_s = d.dsps_used * d.macs_per_dsp * d.dsp_efficiency * d.clock_mhz * 1e6
-    return mem_s, n * w.macs_per_token(c) / macs_per_s, offchip
+    macs = n * (w.macs_per_token(c) - w.head_params()) + w.head_params()  # the head: last token only
+    return mem_s, macs / macs_per_s, offchip
 
 
 def pcie_time_s(num_bytes: int, design: DesignParams) -> float:
