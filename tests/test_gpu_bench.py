@@ -104,3 +104,27 @@ def test_fpga_runner_projects_the_engines_schedule(tiny_pair, mode):
     assert tokens == generate(verifier, ids, 24).tokens
     assert stats["mode"] == mode and stats["projected_provenance"] == "modeled"
     assert 0 < stats["projected_s"] < wall
+
+
+def test_reprojection_of_the_recorded_h200_report_is_bounded_by_its_measured_parts():
+    """benchmarks/fpga_reproject.py on the committed report: the projection lies between a free board (only the
+    measured target time left) and a 10x slower one; the overlap bound never beats the free board."""
+    from pathlib import Path
+
+    from benchmarks.fpga_reproject import SHIPPED, project, recorded
+    from dfvg.checkpoint import load_config
+    from dfvg.fpga.board.boards import get_board
+    from dfvg.fpga.board.latency import DesignParams
+    from dfvg.fpga.board.workload import draft_workload
+
+    summary = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/h200_2026-12-03_engine"
+                          / "performance_summary.json").read_text())
+    rec = recorded(summary)
+    assert rec["blocks"] == 965 and rec["new_tokens"] == 2353 and rec["k"] == 4
+    lengths, workload, u280 = [100] * 20, draft_workload(load_config(SHIPPED), 8), get_board("u280")
+    free_board = rec["new_tokens"] / (rec["host_s"] + rec["verify_s"]) / rec["baseline_tok_s"]
+    default = project(rec, lengths, workload, u280, DesignParams())
+    slow = project(rec, lengths, workload, u280, DesignParams(clock_mhz=25.0))
+    assert slow["speedup_vs_baseline_sync"] < default["speedup_vs_baseline_sync"] < free_board
+    assert default["speedup_vs_baseline_sync"] <= default["speedup_vs_baseline_overlap_at_most"] < free_board
+    assert default["provenance"] == "modeled"
