@@ -16,11 +16,13 @@ dfvg.host.projection is a sum, so from the report's measured sums and the prompt
 
 The report keeps no per-block context, so the block sum uses the block time's affinity in k and in the
 context (compute-bound, everything on chip): blocks x t(1, c) + (draft tokens - blocks) x (t(2, c) - t(1, c))
-at the mean context c = mean prompt length + mean new tokens / 2. The overlap schedule cannot be replayed
-without the run's timeline; it is bounded instead: a block drafted ahead is used only after a fully accepted
-block with the right bonus guess, so at most the fully accepted steps (the histogram's last bin) skip a
-block, and a discarded block costs the GPU nothing while it is shorter than a verify step. Every projected
-figure is `modeled`; every other one is `measured` in that report. The last line printed is one JSON object.
+at the mean context c = mean prompt length + mean new tokens / 2. The fixed cycles per layer are the RTL's
+(simulated at tile sizes, fpga/reports/kernel_cycles.json); the assumed 1,000 is projected beside.
+The overlap schedule cannot be replayed without the run's timeline; it is
+bounded instead: a block drafted ahead is used only after a fully accepted block with the right bonus guess,
+so at most the fully accepted steps (the histogram's last bin) skip a block, and a discarded block costs the
+GPU nothing while it is shorter than a verify step. Every projected figure is `modeled`; every other one is
+`measured` in that report. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -124,8 +126,12 @@ def main() -> int:
     lengths = [len(encode(tokenizer, x["prompt"])) for x in prompts]
     rec, board = recorded(summary), get_board(args.board)
     workload = draft_workload(load_config(args.draft), 8)
-    out = {"source": args.summary, "recorded": rec, "prompt_lengths": lengths,
+    source = Path(args.summary).resolve()
+    source = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
+    out = {"source": str(source), "recorded": rec, "prompt_lengths": lengths,
            "projection": project(rec, lengths, workload, board, DesignParams()),
+           "projection_1000_cycles_per_layer": project(rec, lengths, workload, board,
+                                                       DesignParams(layer_overhead_cycles=1000.0)),
            "sweep": sweep(rec, lengths, workload, board)}
     print(json.dumps(out["projection"], indent=1))
     if args.plot:

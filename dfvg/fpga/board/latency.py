@@ -170,7 +170,8 @@ def layer_overhead(design: DesignParams) -> tuple[float, str, str]:
     A layer has ~8 dependent phases (4 GEMVs, 2 RMSNorms, softmax, the elementwise rope/SiLU/residual
     step), each with a pipeline fill/drain that nothing overlaps. A phase whose RTL kernel appears in
     kernel_cycles.json uses its simulated `latency_cycles`; the others keep the assumed 125 cycles, so a
-    partly built RTL gives a mixed (still `assumed`) figure, and only a complete one is `measured`.
+    partly built RTL gives a mixed (still `assumed`) figure, and only a complete one is `simulated` (at the
+    kernel sizes the file names: a latency simulated on a small tile is not the draft's).
     """
     if design.layer_overhead_cycles is not None:
         return design.layer_overhead_cycles, "assumed", "DesignParams.layer_overhead_cycles"
@@ -186,7 +187,8 @@ def layer_overhead(design: DesignParams) -> tuple[float, str, str]:
             total += uses * ASSUMED_PHASE_CYCLES
             assumed.append(phase)
     if not assumed:
-        return total, "measured", f"RTL latency_cycles x uses per layer from {path}"
+        sizes = "; ".join(f"{n} {k.get('params', {})}" for n, k in kernels.items())
+        return total, "simulated", f"RTL latency_cycles x uses per layer, {path.name}, at the sizes {sizes}"
     where = (f"RTL-simulated {'/'.join(measured)} from {path.name}; " if measured
              else f"no matching kernel in {path.name}; " if kernels else f"no {path.name}; ")
     return total, "assumed", where + f"assumed {ASSUMED_PHASE_CYCLES:.0f} cycles x uses for {'/'.join(assumed)}"
