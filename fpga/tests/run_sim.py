@@ -39,7 +39,9 @@ def run_kernel(name: str, cycles_dir: Path) -> tuple[bool, str]:
     runner.build(sources=sources(name), hdl_toplevel=spec["top"], parameters=params,
                  build_dir=build_dir, always=True, timescale=("1ns", "1ps"))
     env = {"PYTHONPATH": os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "DFVG_CYCLES_DIR": str(cycles_dir), "DFVG_LUTS": str(LUTS)}
+           "DFVG_CYCLES_DIR": str(cycles_dir), "DFVG_LUTS": str(LUTS), "DFVG_KERNEL": name}
+    if "vectors" in spec and "DFVG_RTL_VECTORS" not in os.environ:  # real sizes: fewer, longer vectors
+        env["DFVG_RTL_VECTORS"] = str(spec["vectors"])
     results = runner.test(hdl_toplevel=spec["top"], test_module=f"test_{name}", build_dir=build_dir,
                           test_dir=HERE, extra_env=env, results_xml=str(build_dir / "results.xml"))
     return check_results(results)
