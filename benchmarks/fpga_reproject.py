@@ -54,6 +54,21 @@ def _value(variant: dict, section: str, name: str) -> float:
     return float(variant[section][name]["value"])
 
 
+def read_summary(path: str) -> dict:
+    """A `dfvg run` performance_summary.json that holds both a baseline and an fpga variant, or a one-line error."""
+    try:
+        summary = json.loads(Path(path).read_text())
+        variants = summary["variants"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"--summary {path}: not a readable performance_summary.json ({type(exc).__name__}); "
+                        "give the file a `dfvg run` wrote") from exc
+    missing = [v for v in ("baseline", "fpga") if v not in variants or "projected" not in variants.get("fpga", {})]
+    if missing:
+        raise UserError(f"--summary {path}: no {' or '.join(missing)} variant with a projection; re-project a run "
+                        "whose config has variants [baseline, fpga]")
+    return summary
+
+
 def recorded(summary: dict) -> dict:
     """The measured sums of the report's baseline and fpga variants (one process, one run)."""
     base, fpga = summary["variants"]["baseline"], summary["variants"]["fpga"]
@@ -120,7 +135,7 @@ def main() -> int:
     p.add_argument("--plot", default="")
     p.add_argument("--output", default="")
     args = p.parse_args()
-    summary = json.loads(Path(args.summary).read_text())
+    summary = read_summary(args.summary)
     tokenizer = load_tokenizer(args.target)
     prompts = load_prompts(ROOT / summary["dataset"], int(summary["settings"]["num_prompts"]["value"]))
     lengths = [len(encode(tokenizer, x["prompt"])) for x in prompts]

@@ -128,3 +128,13 @@ def test_reprojection_of_the_recorded_h200_report_is_bounded_by_its_measured_par
     assert slow["speedup_vs_baseline_sync"] < default["speedup_vs_baseline_sync"] < free_board
     assert default["speedup_vs_baseline_sync"] <= default["speedup_vs_baseline_overlap_at_most"] < free_board
     assert default["provenance"] == "modeled"
+
+
+def test_reprojection_refuses_a_report_without_an_fpga_projection(tmp_path):
+    from benchmarks.fpga_reproject import read_summary
+    from dfvg.errors import UserError
+
+    path = tmp_path / "performance_summary.json"
+    path.write_text(json.dumps({"variants": {"baseline": {}, "speculative": {}}}))
+    with pytest.raises(UserError, match="no fpga variant"):
+        read_summary(str(path))

@@ -2,7 +2,8 @@
 
 Each kernel: its top module, the RTL files it needs, the parameters it is simulated with (small tiles,
 so cocotb can push 10k vectors through in seconds, or the shipped draft's real sizes with fewer vectors:
-`vectors`), and the parameters it is synthesized with (sizes a draft model would use). LUT-based kernels read their tables from build/luts (written by gen_luts.py).
+`vectors`), and the parameters it is synthesized with (sizes a draft model would use). LUT-based kernels
+read their tables from build/luts (written by gen_luts.py).
 """
 
 from pathlib import Path
