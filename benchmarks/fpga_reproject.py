@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfvg.checkpoint import load_config  # noqa: E402
 from dfvg.datasets import load_prompts  # noqa: E402
-from dfvg.errors import UserError  # noqa: E402
+from dfvg.errors import OneLineParser, UserError  # noqa: E402
 from dfvg.fpga.board.boards import Board, get_board  # noqa: E402
 from dfvg.fpga.board.latency import DesignParams, DraftWorkload, model_block  # noqa: E402
 from dfvg.fpga.board.workload import draft_workload  # noqa: E402
@@ -62,10 +62,11 @@ def read_summary(path: str) -> dict:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"--summary {path}: not a readable performance_summary.json ({type(exc).__name__}); "
                         "give the file a `dfvg run` wrote") from exc
-    missing = [v for v in ("baseline", "fpga") if v not in variants or "projected" not in variants.get("fpga", {})]
+    missing = [f"a {v} variant" for v in ("baseline", "fpga") if v not in variants]
+    missing += [] if "projected" in variants.get("fpga", {"projected": 1}) else ["the fpga variant's projection"]
     if missing:
-        raise UserError(f"--summary {path}: no {' or '.join(missing)} variant with a projection; re-project a run "
-                        "whose config has variants [baseline, fpga]")
+        raise UserError(f"--summary {path}: lacks {' and '.join(missing)}; re-project a `dfvg run` report whose "
+                        "config has variants [baseline, fpga]")
     return summary
 
 
@@ -127,7 +128,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--summary", default=str(ROOT / "benchmarks/h200_2026-12-03_engine/performance_summary.json"))
     p.add_argument("--target", default=str(ROOT / "models/qwen2.5-coder-1.5b-instruct"), help="for the tokenizer")
     p.add_argument("--draft", default=str(SHIPPED), help="the draft the fpga variant ran (its config.json)")
@@ -135,6 +136,17 @@ def main() -> int:
     p.add_argument("--plot", default="")
     p.add_argument("--output", default="")
     args = p.parse_args()
+    try:
+        out = reproject(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(out))
+    return 0
+
+
+def reproject(args: argparse.Namespace) -> dict:
+    """Read the report and the prompts, project, sweep; write the plot and the JSON when asked."""
     summary = read_summary(args.summary)
     tokenizer = load_tokenizer(args.target)
     prompts = load_prompts(ROOT / summary["dataset"], int(summary["settings"]["num_prompts"]["value"]))
@@ -153,13 +165,8 @@ def main() -> int:
         plot(out["sweep"], Path(args.plot), f"{summary['run_id']}: int8 4x512 draft on {board.name} (modeled)")
     if args.output:
         Path(args.output).write_text(json.dumps(out, indent=1))
-    print(json.dumps(out))
-    return 0
+    return out
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main())

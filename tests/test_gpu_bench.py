@@ -136,5 +136,5 @@ def test_reprojection_refuses_a_report_without_an_fpga_projection(tmp_path):
 
     path = tmp_path / "performance_summary.json"
     path.write_text(json.dumps({"variants": {"baseline": {}, "speculative": {}}}))
-    with pytest.raises(UserError, match="no fpga variant"):
+    with pytest.raises(UserError, match="lacks a fpga variant"):
         read_summary(str(path))
