@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
                 failed.append(name)
         if not failed and names == list(KERNELS):
             kernels = {n: json.loads((Path(tmp) / f"{n}.json").read_text()) for n in names}
-            report = {"simulator": "Icarus Verilog 11.0 + cocotb 2.1", "provenance": "measured",
+            report = {"simulator": "Icarus Verilog 11.0 + cocotb 2.1", "provenance": "simulated",
                       "definitions": DEFINITIONS, "kernels": kernels}
             REPORT.write_text(json.dumps(report, indent=2) + "\n")
             print(f"[sim] wrote {REPORT.relative_to(REPO)}")
