@@ -225,18 +225,23 @@ def fpga_drafter(args, models):
 
 
 def fpga_runner(verifier, drafter, k: int, n: int, mode: str):
-    """One prompt through the host pipeline in `mode`, with its end-to-end time projected onto the modeled
-    board: dfvg.host.projection replays the recorded schedule with each draft block's modeled time (discarded
-    blocks drafted ahead included), so the overlap projection is a real schedule, not wall - draft + model."""
-    from dfvg.host.pipeline import run_pipeline
+    """One prompt through the engine in `mode` (sync: the captured verify-and-accept fed with the board's
+    drafts; overlap: the host pipeline), with its end-to-end time projected onto the modeled board:
+    dfvg.host.projection replays the recorded schedule with each draft block's modeled time (discarded blocks
+    drafted ahead included) and every verify step as measured (transfers, acceptance and sync included), so
+    the overlap projection uses a pre-drafted block only where the pipeline did: block fully accepted and the
+    bonus guessed."""
     from dfvg.host.projection import modeled_prefill_s, project_times
     from dfvg.host.timeline import Timeline
 
+    engine = engine_for(verifier)
+
     def run(ids: list[int]):
         timeline = Timeline()
-        result = run_pipeline(verifier, drafter, ids, n, draft_length=k, mode=mode, timeline=timeline)
+        result = engine.decode(drafter, ids, n, k=k, mode=mode, timeline=timeline)
         prefill = modeled_prefill_s(drafter.workload, drafter.board, drafter.design, len(ids))
-        projected = project_times(timeline, mode, design=drafter.design, draft_prefill_s=prefill,
+        source = timeline if timeline.events else result  # the device step records steps, not events
+        projected = project_times(source, mode, design=drafter.design, draft_prefill_s=prefill,
                                   board=drafter.board.name)["projected_s"]
         tokens, stats = _out(result)
         stats.update(projected_s=projected.value, projected_provenance=projected.provenance, mode=mode)

@@ -229,6 +229,11 @@ CASES: dict[str, Case] = {
     "add-model-unwritable-registry": Case(("add_model.py", "--target", "target", "--draft", "draft", "--registry",
                                            "afile/models.yaml"), "cannot write the model registry"),
     # prepare_dataset.py
+    # benchmarks/fpga_reproject.py: the recorded report it re-projects
+    "reproject-missing-summary": Case(("benchmarks/fpga_reproject.py", "--summary", "nowhere.json", "--target",
+                                       "target"), "not a readable performance_summary.json"),
+    "reproject-not-a-summary": Case(("benchmarks/fpga_reproject.py", "--summary", "target/config.json",
+                                     "--target", "target"), "not a readable performance_summary.json"),
     "prepare-invalid-json": Case(("prepare_dataset.py", "--input", "badjson/config.json", "--output", "p.jsonl"),
                                  "config.json is not valid JSON"),
     "prepare-not-utf8": Case(("prepare_dataset.py", "--input", "latin.jsonl", "--output", "p.jsonl"),
@@ -272,7 +277,7 @@ def command(argv: tuple[str, ...]) -> list[str]:
         return [sys.executable, "-m", "dfvg", *rest]
     if head == "make":
         return ["make", "-C", str(REPO / rest[1]), f"PYTHON={sys.executable}", *rest[2:]]  # a later PYTHON= wins
-    return [sys.executable, str(REPO / "scripts" / head), *rest]
+    return [sys.executable, str(REPO / ("" if head.startswith("benchmarks/") else "scripts") / head), *rest]
 
 
 def run_command(argv: tuple[str, ...], cwd: Path) -> subprocess.CompletedProcess:

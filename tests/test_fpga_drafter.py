@@ -52,6 +52,30 @@ def test_speculative_output_equals_plain_greedy(tiny_pair, target, plain, k, whi
         assert k < 4 or any(a < s.num_drafted for a, s in zip(accepted, result.steps, strict=True))
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_every_family_is_lossless_through_the_datapath(tmp_path, capsys, arch):
+    """A tiny target of each family drafting for itself through the integer datapath (Qwen3: qk-norm in
+    integers), in the library and through `dfvg generate --draft-device fpga`: output equals plain greedy
+    decoding, and the quantized self-draft agrees often."""
+    from tests.conftest import save_checkpoint
+
+    save_checkpoint(tmp_path, arch, seed=5)
+    outputs = []
+    for extra in (["--no-draft"], ["--draft", str(tmp_path), "--draft-device", "fpga", "--draft-length", "3"]):
+        assert main(["generate", "--target", str(tmp_path), "--prompt-ids", "5,9,14,3", "--max-new-tokens", "12",
+                     "--json", *extra]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[1]["tokens"] == outputs[0]["tokens"] and outputs[1]["stats"]["num_accepted_tokens"] > 0
+    verifier = TorchVerifier(load_model(tmp_path))
+    reference = generate(verifier, PROMPT, 24).tokens
+    for k, bits in ((1, 8), (4, 8), (4, 4)):
+        drafter = FpgaDrafter.from_checkpoint(tmp_path, target_vocab_size=96, bits=bits, group_size=16,
+                                              artifact_dir=tmp_path / f"art{bits}")
+        result = generate(verifier, PROMPT, 24, drafter=drafter, draft_length=k)
+        assert result.tokens == reference
+        assert sum(s.num_accepted for s in result.steps) > 0
+
+
 def test_block_fields(self_drafter):
     self_drafter.prefill(PROMPT, 64)
     block = self_drafter.propose(PROMPT, 4, GREEDY, None)
@@ -81,7 +105,7 @@ def cut_head_draft(tiny_pair, tmp_path_factory):
 def test_modeled_block_time_by_hand(cut_head_draft, tmp_path):
     """The board model written out by hand for one block (dfvg/fpga/board/latency.py's documented formula), so a
     wrong count in the drafter's workload shows: k=4 drafts after a 7-token prompt on a U280 at the default
-    design (250 MHz, 4096 DSPs x 1 MAC, 30 us launch, 2 x 5 us + 20 B at 12 GB/s PCIe), with 1000 cycles of
+    design (250 MHz, 4096 DSPs x 1 MAC, 30 us launch, 2 x 5 us + 20 B at PCIe 4.0 x16's 31.5 GB/s), with 1000 cycles of
     fixed overhead per layer. The draft's few KB of weights and its KV cache sit on chip, so no pass streams
     off-chip bytes: each pass costs its MACs / (DSPs x clock) plus the layer overhead."""
     drafter = FpgaDrafter.from_checkpoint(cut_head_draft, target_vocab_size=96, bits=8, artifact_dir=tmp_path)
@@ -99,7 +123,7 @@ def test_modeled_block_time_by_hand(cut_head_draft, tmp_path):
     clock = 250e6
     compute_s = macs / (4096 * 1 * clock)
     overhead_s = len(contexts) * layers * 1000 / clock
-    launch_s, pcie_s = 30e-6, 2 * 5e-6 + 4 * (1 + 4) / 12e9
+    launch_s, pcie_s = 30e-6, 2 * 5e-6 + 4 * (1 + 4) / (16 * 16 * 128 / 130 / 8 * 1e9)
     assert block.modeled_s == pytest.approx(launch_s + pcie_s + compute_s + overhead_s, rel=1e-9)
 
 

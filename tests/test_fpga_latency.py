@@ -151,7 +151,8 @@ def test_layer_overhead_from_kernel_cycles_file(tmp_path):
     assert "elementwise" in source and "gemv/norm/softmax" in source
     kernels["rope_silu_elementwise"] = dict(kernels["softmax"], latency_cycles=7)
     path.write_text(json.dumps({"simulator": "icarus", "kernels": kernels}))
-    assert layer_overhead(DesignParams(cycles_file=path))[:2] == (4 * 20 + 2 * 50 + 30 + 7, "measured")
+    cycles, provenance, source = layer_overhead(DesignParams(cycles_file=path))
+    assert (cycles, provenance) == (4 * 20 + 2 * 50 + 30 + 7, "simulated") and "'LANES': 16" in source
     assert layer_overhead(DesignParams(cycles_file=tmp_path / "missing.json"))[:2] == (1000.0, "assumed")
     path.write_text("{}")
     with pytest.raises(UserError, match="kernel_cycles"):

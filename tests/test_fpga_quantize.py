@@ -51,6 +51,23 @@ def test_integer_logits_track_the_float_model(wide_model, bits, min_top1, min_co
     assert top1 >= min_top1 and cosine >= min_cos, (float(top1), float(cosine))
 
 
+def test_qwen3_qk_norm_runs_in_integers_and_tracks_the_float_model(tmp_path):
+    """A wide Qwen3 (qk-norm): the quantizer keeps per-head q/k norm constants and the integer logits follow
+    the float model; with the norms' gammas zeroed the integer logits change, so the norms really run."""
+    save_checkpoint(tmp_path, "qwen3", seed=4, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, initializer_range=0.05)
+    model = load_model(tmp_path)
+    tensors, meta = quantize_model(model, bits=8)
+    assert tensors["layers.0.attention.q_norm.gamma"].shape == (64,) and "q_in" in meta["scales"]["layers"][0]
+    ints = integer_logits(IntegerDraftModel(tensors, model.config, 8, "cpu"), PROMPT)
+    floats = float_logits(model, PROMPT)
+    top1 = (ints.argmax(-1) == floats.argmax(-1)).double().mean()
+    cosine = torch.nn.functional.cosine_similarity(ints, floats, dim=-1).mean()
+    assert top1 >= 0.7 and cosine >= 0.95, (float(top1), float(cosine))
+    flat = {**tensors, "layers.0.attention.q_norm.gamma": torch.zeros(64, dtype=torch.int16)}
+    assert not torch.equal(integer_logits(IntegerDraftModel(flat, model.config, 8, "cpu"), PROMPT[:4]), ints[:4])
+
+
 def test_smoothing_does_not_change_the_float_function(wide_model):
     _, model = wide_model
     smoothed = __import__("copy").deepcopy(model)

@@ -80,3 +80,61 @@ def test_projection_without_a_timeline_is_sync_only(tmp_path):
     rows = {r["variant"]: r for r in report(tmp_path)["rows"]}
     assert rows["fpga_sync_k4"]["projected_tok_s"] == pytest.approx(4 / (1.0 - 0.4 + 0.01))
     assert rows["fpga_overlap_k4"]["projected_tok_s"] is None
+
+
+@pytest.mark.parametrize("mode", ["sync", "overlap"])
+def test_fpga_runner_projects_the_engines_schedule(tiny_pair, mode):
+    """benchmarks' FPGA runner (the one projection: the engine's run replayed with modeled blocks) on CPU:
+    lossless, and the replayed time is the measured one with the emulated draft time swapped for the model's,
+    so below the wall time of a run whose emulated blocks take milliseconds against the model's ~50 us."""
+    import time
+
+    from benchmarks.gpu_phases import fpga_runner
+    from dfvg.checkpoint import load_model
+    from dfvg.fpga.datapath.drafter import FpgaDrafter
+    from dfvg.generate import generate
+    from dfvg.verifier import TorchVerifier
+
+    verifier = TorchVerifier(load_model(tiny_pair[0]))
+    drafter = FpgaDrafter.from_checkpoint(tiny_pair[0], target_vocab_size=96, bits=8)
+    ids = [5, 9, 14, 3, 22, 41, 7]
+    start = time.perf_counter()
+    tokens, stats = fpga_runner(verifier, drafter, 4, 24, mode)(ids)
+    wall = time.perf_counter() - start
+    assert tokens == generate(verifier, ids, 24).tokens
+    assert stats["mode"] == mode and stats["projected_provenance"] == "modeled"
+    assert 0 < stats["projected_s"] < wall
+
+
+def test_reprojection_of_the_recorded_h200_report_is_bounded_by_its_measured_parts():
+    """benchmarks/fpga_reproject.py on the committed report: the projection lies between a free board (only the
+    measured target time left) and a 10x slower one; the overlap bound never beats the free board."""
+    from pathlib import Path
+
+    from benchmarks.fpga_reproject import SHIPPED, project, recorded
+    from dfvg.checkpoint import load_config
+    from dfvg.fpga.board.boards import get_board
+    from dfvg.fpga.board.latency import DesignParams
+    from dfvg.fpga.board.workload import draft_workload
+
+    summary = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/h200_2026-12-03_engine"
+                          / "performance_summary.json").read_text())
+    rec = recorded(summary)
+    assert rec["blocks"] == 965 and rec["new_tokens"] == 2353 and rec["k"] == 4
+    lengths, workload, u280 = [100] * 20, draft_workload(load_config(SHIPPED), 8), get_board("u280")
+    free_board = rec["new_tokens"] / (rec["host_s"] + rec["verify_s"]) / rec["baseline_tok_s"]
+    default = project(rec, lengths, workload, u280, DesignParams())
+    slow = project(rec, lengths, workload, u280, DesignParams(clock_mhz=25.0))
+    assert slow["speedup_vs_baseline_sync"] < default["speedup_vs_baseline_sync"] < free_board
+    assert default["speedup_vs_baseline_sync"] <= default["speedup_vs_baseline_overlap_at_most"] < free_board
+    assert default["provenance"] == "modeled"
+
+
+def test_reprojection_refuses_a_report_without_an_fpga_projection(tmp_path):
+    from benchmarks.fpga_reproject import read_summary
+    from dfvg.errors import UserError
+
+    path = tmp_path / "performance_summary.json"
+    path.write_text(json.dumps({"variants": {"baseline": {}, "speculative": {}}}))
+    with pytest.raises(UserError, match="lacks a fpga variant"):
+        read_summary(str(path))

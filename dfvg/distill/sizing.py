@@ -1,9 +1,9 @@
 """Does a draft fit a board's on-chip memory, and how long would one draft block take there? (modeled)
 
-What this module owns: the bytes the FPGA artifact of a draft holds (decoder layers at int8 or int4 with
-group scales, the LM head at int8 as dfvg/fpga/datapath/quantize.py keeps it, the embedding at int8 in HBM), the
-residency question (weights + KV cache inside the board's usable BRAM/URAM), and the modeled block time from
-`dfvg.fpga.board.latency.model_block`, compared with a given verify time. Nothing here is measured: every number
+What this module owns: the residency question (the artifact's weights, counted by
+`dfvg.fpga.board.workload.draft_workload` as every other caller counts them, + the KV cache inside the
+board's usable BRAM/URAM) and the modeled block time from `dfvg.fpga.board.latency.model_block`, compared
+with a given verify time. Nothing here is measured: every number
 is a `Metric` labelled `modeled` (or carries the latency model's own provenance).
 
 Why the embedding is left off chip: a token reads one embedding row (D bytes), so keeping the
@@ -17,27 +17,10 @@ from dataclasses import dataclass
 
 from dfvg.errors import UserError
 from dfvg.fpga.board.boards import get_board
-from dfvg.fpga.board.latency import DesignParams, DraftWorkload, model_block, place
+from dfvg.fpga.board.latency import DesignParams, model_block, place
+from dfvg.fpga.board.workload import draft_workload, embedding_bytes
 from dfvg.model import ModelConfig
 from dfvg.stats import Metric
-
-ROW_PARAM_BYTES = 8  # int32 multiplier + int32 shift per output row (requantization)
-
-
-def layer_weight_bytes(cfg: ModelConfig, bits: int, group_size: int = 128) -> int:
-    """Artifact bytes of all decoder layers: weights, int4 group scales, per-row multipliers, int32 biases."""
-    d, hd, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    matrices = [(cfg.qkv_size, d), (d, cfg.num_heads * hd), (2 * inter, d), (d, inter)]  # (rows, cols)
-    total = 0
-    for rows, cols in matrices:
-        weight = rows * cols if bits == 8 else rows * cols // 2 + rows * (-(-cols // group_size))
-        total += weight + rows * ROW_PARAM_BYTES
-    total += cfg.qkv_size * 4 if cfg.attention_bias else 0
-    return cfg.num_layers * total
-
-
-def head_rows(cfg: ModelConfig) -> int:
-    return cfg.head_vocab_size or cfg.vocab_size
 
 
 @dataclass(frozen=True)
@@ -75,23 +58,22 @@ def size_draft(cfg: ModelConfig, bits: int, board: str = "u280", k: int = 4, con
     if bits not in (4, 8):
         raise UserError(f"FPGA weight bits must be 8 or 4, got {bits}")
     card = get_board(board)
-    rows = head_rows(cfg)
-    streamed = layer_weight_bytes(cfg, bits, group_size) + rows * (cfg.hidden_size + ROW_PARAM_BYTES)
-    workload = DraftWorkload.from_model_config(cfg, weight_bits=float(bits), vocab_size=rows, weight_bytes=streamed)
+    workload = draft_workload(cfg, bits, group_size)
+    streamed = workload.streamed_weight_bytes()
     design = DesignParams(max_context=max(DesignParams.max_context, context_len + k + 1))
     placement = place(workload, card, design)
     kv = workload.kv_bytes_per_position() * design.max_context
     fits = placement.kv_on_chip and placement.resident_weight_bytes == streamed
     estimate = model_block(workload, card, design, k, context_len)
     hides = None if verify is None else estimate.block_time.value <= verify.value
-    src = "dfvg/distill/sizing.py from the draft's shape"
+    src = "dfvg.fpga.board.workload.draft_workload from the draft's shape"
     return DraftSizing(
         board=card.name, bits=bits,
         on_chip_weight_bytes=Metric(float(streamed), "B", "modeled", src + " (head int8, as the quantizer keeps it)"),
         kv_bytes=Metric(float(kv), "B", "modeled", f"int8 K/V x {design.max_context} positions"),
         usable_on_chip_bytes=Metric(float(placement.on_chip_budget_bytes), "B", "modeled",
                                     f"{design.on_chip_usable_fraction:.0%} of BRAM+URAM minus the shell"),
-        embedding_hbm_bytes=Metric(float(cfg.embed_vocab_size * (cfg.hidden_size + ROW_PARAM_BYTES)), "B", "modeled",
+        embedding_hbm_bytes=Metric(float(embedding_bytes(cfg)), "B", "modeled",
                                    "int8 rows + per-row multipliers, one row read per token"),
         fits_on_chip=fits, block_time=estimate.block_time, verify_time=verify, hides_behind_verify=hides,
     )

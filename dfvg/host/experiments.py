@@ -40,7 +40,8 @@ from dfvg.devices import resolve_device
 from dfvg.energy import EnergyMeter, Nvml
 from dfvg.engine import Engine, load_verifier, make_drafter
 from dfvg.fpga.board.boards import get_board
-from dfvg.fpga.board.latency import DesignParams, DraftWorkload
+from dfvg.fpga.board.latency import DesignParams
+from dfvg.fpga.board.workload import draft_workload
 from dfvg.fpga.datapath.drafter import FpgaOptions
 from dfvg.generate import GenerationResult, max_seq_len
 from dfvg.gpu.graphs import GraphDrafter
@@ -111,7 +112,8 @@ def load_fpga(cfg: ExperimentConfig, ctx: Context, dtype: torch.dtype, options: 
     drafter = ctx.fpga_drafter
     ctx.board = getattr(drafter, "board", None) or get_board(board_name)
     ctx.fpga_design = getattr(drafter, "design", None) or DesignParams()
-    ctx.fpga_workload = getattr(drafter, "workload", None) or DraftWorkload.from_model_config(draft_cfg)
+    bits, group = options.get("bits", 8), options.get("group_size", 128)
+    ctx.fpga_workload = getattr(drafter, "workload", None) or draft_workload(draft_cfg, bits, group)
     b = ctx.board
     ctx.fpga_power = Metric(b.power_w, "W", b.power_provenance, f"{b.name}: {b.power_source}")
 

@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from dfvg.errors import UserError
-from dfvg.fpga.board.latency import DesignParams
+from dfvg.fpga.board.latency import DesignParams, model_block, pcie_time_s
 from dfvg.generate import GenerationResult
 from dfvg.host.timeline import Timeline, TimelineEvent
 from dfvg.stats import Metric, StepRecord
@@ -33,7 +33,7 @@ MODES = ("sync", "overlap")
 
 def pcie_transfer_s(num_ids: int, design: DesignParams) -> float:
     """One block's ids over PCIe: one transfer in, one out, int32 each (latency.model_block's convention)."""
-    return 2 * design.pcie_latency_us * 1e-6 + 4 * num_ids / (design.pcie_gbps * 1e9)
+    return pcie_time_s(4 * num_ids, design)
 
 
 def events_from_steps(steps: Sequence[StepRecord], prefill_s: float = 0.0) -> list[TimelineEvent]:
@@ -167,8 +167,6 @@ def metrics(replay: Replay, measured: float, mode: str, board: str, draft_prefil
 
 def modeled_prefill_s(workload: object, board: object, design: DesignParams, prompt_len: int) -> float:
     """Board time of the draft's prompt pass: one launch feeding prompt_len - 1 ids (latency.model_block)."""
-    from dfvg.fpga.board.latency import model_block
-
     if prompt_len < 2:
         return 0.0
     return model_block(workload, board, design, k=1, context_len=0, new_tokens=prompt_len - 1).block_time.value

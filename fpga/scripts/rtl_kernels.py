@@ -1,8 +1,9 @@
 """The kernel list shared by simulation (tests/run_sim.py) and synthesis (scripts/synth_oss.py).
 
 Each kernel: its top module, the RTL files it needs, the parameters it is simulated with (small tiles,
-so cocotb can push 10k vectors through in seconds) and the parameters it is synthesized with (sizes a
-draft model would use). LUT-based kernels read their tables from build/luts (written by gen_luts.py).
+so cocotb can push 10k vectors through in seconds, or the shipped draft's real sizes with fewer vectors:
+`vectors`), and the parameters it is synthesized with (sizes a draft model would use). LUT-based kernels
+read their tables from build/luts (written by gen_luts.py).
 """
 
 from pathlib import Path
@@ -34,7 +35,11 @@ KERNELS = {
     },
     "rmsnorm": {
         "top": "rmsnorm", "rtl": ["delay_ram.v", "rmsnorm.v"], "files": {"SEED_FILE": "rsqrt_seed.hex"},
-        "sim": {"D": 16, "W": 4, "IN_W": 16}, "synth": {"D": 896, "W": 16, "IN_W": 16},
+        "sim": {"D": 512, "W": 16, "IN_W": 16}, "synth": {"D": 896, "W": 16, "IN_W": 16}, "vectors": 500,
+    },
+    "qk_norm": {  # Qwen3's per-head q/k RMSNorm: the same kernel over head_dim int8 lanes
+        "top": "rmsnorm", "rtl": ["delay_ram.v", "rmsnorm.v"], "files": {"SEED_FILE": "rsqrt_seed.hex"},
+        "sim": {"D": 64, "W": 8, "IN_W": 8}, "synth": {"D": 128, "W": 16, "IN_W": 8}, "vectors": 2000,
     },
     "rope": {
         "top": "rope", "rtl": ["rope.v"],

@@ -39,7 +39,9 @@ def run_kernel(name: str, cycles_dir: Path) -> tuple[bool, str]:
     runner.build(sources=sources(name), hdl_toplevel=spec["top"], parameters=params,
                  build_dir=build_dir, always=True, timescale=("1ns", "1ps"))
     env = {"PYTHONPATH": os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "DFVG_CYCLES_DIR": str(cycles_dir), "DFVG_LUTS": str(LUTS)}
+           "DFVG_CYCLES_DIR": str(cycles_dir), "DFVG_LUTS": str(LUTS), "DFVG_KERNEL": name}
+    if "vectors" in spec and "DFVG_RTL_VECTORS" not in os.environ:  # real sizes: fewer, longer vectors
+        env["DFVG_RTL_VECTORS"] = str(spec["vectors"])
     results = runner.test(hdl_toplevel=spec["top"], test_module=f"test_{name}", build_dir=build_dir,
                           test_dir=HERE, extra_env=env, results_xml=str(build_dir / "results.xml"))
     return check_results(results)
@@ -61,7 +63,7 @@ def main(argv: list[str]) -> int:
                 failed.append(name)
         if not failed and names == list(KERNELS):
             kernels = {n: json.loads((Path(tmp) / f"{n}.json").read_text()) for n in names}
-            report = {"simulator": "Icarus Verilog 11.0 + cocotb 2.1", "provenance": "measured",
+            report = {"simulator": "Icarus Verilog 11.0 + cocotb 2.1", "provenance": "simulated",
                       "definitions": DEFINITIONS, "kernels": kernels}
             REPORT.write_text(json.dumps(report, indent=2) + "\n")
             print(f"[sim] wrote {REPORT.relative_to(REPO)}")

@@ -1,6 +1,10 @@
-"""rmsnorm RTL vs dfvg.fpga.datapath.fixed_point.rmsnorm, bit for bit, for two sets of layer constants."""
+"""rmsnorm RTL vs dfvg.fpga.datapath.fixed_point.rmsnorm, bit for bit, for two sets of layer constants.
+
+Also Qwen3's qk-norm (test_qk_norm.py): the same kernel over head_dim lanes of int8 q/k; the cycle figures
+go under the kernel name run_sim.py sets (DFVG_KERNEL)."""
 
 import math
+import os
 
 import cocotb
 import torch
@@ -61,5 +65,6 @@ async def rmsnorm_matches_python(dut):
     beats = D // W
     lat = recs[0]["cycle"] - in_cyc[beats - 1]  # last input beat -> first output beat
     ii = recs[beats]["cycle"] - recs[0]["cycle"]
-    record_cycles("rmsnorm", {"D": D, "W": W, "IN_W": IN_W}, lat, ii, W)
-    dut._log.info("rmsnorm: %d vectors bit-exact, latency %d, II %d", n, lat, ii)
+    kernel = os.environ.get("DFVG_KERNEL", "rmsnorm")
+    record_cycles(kernel, {"D": D, "W": W, "IN_W": IN_W}, lat, ii, W)
+    dut._log.info(kernel + ": %d vectors bit-exact, latency %d, II %d", n, lat, ii)

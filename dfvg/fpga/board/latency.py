@@ -11,7 +11,8 @@ resource estimate (`resources.py`).
 
 The model, per forward pass that feeds n tokens at a cache of c positions:
     t_mem     = (off-chip weight bytes + off-chip KV bytes read/written) / (peak BW x efficiency)
-    t_compute = n x MACs(c) / (DSPs x MACs per DSP per cycle x clock)
+    t_compute = (n x layer MACs(c) + head MACs) / (DSPs x MACs per DSP per cycle x efficiency x clock)
+(the LM head runs once per pass: only the last fed token's logits are needed, as in integer_model.py)
     t_pass    = max(t_mem, t_compute) + layers x per-layer fixed cycles / clock
 The max() is the overlap assumption: weight tiles are double-buffered, so streaming tile i+1 hides
 under computing tile i; the per-layer fixed cycles (pipeline fill, reductions for norms and softmax,
@@ -33,6 +34,10 @@ from dfvg.stats import Metric
 DEFAULT_CYCLES_FILE = Path(__file__).resolve().parents[3] / "fpga" / "reports" / "kernel_cycles.json"
 ASSUMED_PHASE_CYCLES = 125.0  # fill + drain of one dependent phase (8 phases -> 1000 cycles per layer)
 RESIDENCY_POLICIES = ("auto", "none", "all")
+# PCIe 4.0 x16 per direction: 16 GT/s x 16 lanes x 128b/130b encoding / 8 bits = 31.5 GB/s (PCI-SIG PCI Express
+# Base Specification 4.0). A U280's host link is Gen3 x16 or 2 x Gen4 x8 (DS963), half of that; for the few
+# bytes of token ids a block moves, the per-transfer latency dominates either way.
+PCIE_GEN4_X16_GBPS = 16 * 16 * 128 / 130 / 8
 # The dependent phases of one decoder layer: (phase, RTL kernel-name substrings, uses per layer).
 _LAYER_PHASES = (
     ("gemv", ("gemv", "matvec"), 4),  # wqkv, wo, w13, w2
@@ -134,7 +139,8 @@ class DesignParams:
     bandwidth_efficiency: float = 0.30  # achieved / peak off-chip bandwidth; published 0.10-0.43
     launch_overhead_us: float = 30.0  # XRT kernel launch: 16-100 us per call
     pcie_latency_us: float = 5.0  # per host<->card transfer (one bo sync), each direction
-    pcie_gbps: float = 12.0  # Gen3 x16 achieved
+    pcie_gbps: float = PCIE_GEN4_X16_GBPS
+    dsp_efficiency: float = 1.0  # achieved / peak MACs per DSP-cycle; the RTL GEMV streams at 1.0 (simulated)
     layer_overhead_cycles: float | None = None  # None: from kernel_cycles.json, else assumed 1000
     kv_on_chip: bool | None = None  # None: on chip when max_context positions fit
     max_context: int = 2048  # KV positions the design reserves
@@ -151,7 +157,7 @@ class DesignParams:
                 raise UserError(f"DesignParams.{name} must be >= 0, got {getattr(self, name)}")
         if self.macs_per_dsp not in (1, 2):
             raise UserError(f"macs_per_dsp must be 1 or 2 (WP486 packing), got {self.macs_per_dsp}")
-        for name in ("bandwidth_efficiency", "on_chip_usable_fraction"):
+        for name in ("bandwidth_efficiency", "on_chip_usable_fraction", "dsp_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise UserError(f"DesignParams.{name} must be in (0, 1], got {getattr(self, name)}")
         if self.layer_overhead_cycles is not None and self.layer_overhead_cycles < 0:
@@ -164,7 +170,8 @@ def layer_overhead(design: DesignParams) -> tuple[float, str, str]:
     A layer has ~8 dependent phases (4 GEMVs, 2 RMSNorms, softmax, the elementwise rope/SiLU/residual
     step), each with a pipeline fill/drain that nothing overlaps. A phase whose RTL kernel appears in
     kernel_cycles.json uses its simulated `latency_cycles`; the others keep the assumed 125 cycles, so a
-    partly built RTL gives a mixed (still `assumed`) figure, and only a complete one is `measured`.
+    partly built RTL gives a mixed (still `assumed`) figure, and only a complete one is `simulated` (at the
+    kernel sizes the file names: a latency simulated on a small tile is not the draft's).
     """
     if design.layer_overhead_cycles is not None:
         return design.layer_overhead_cycles, "assumed", "DesignParams.layer_overhead_cycles"
@@ -180,7 +187,8 @@ def layer_overhead(design: DesignParams) -> tuple[float, str, str]:
             total += uses * ASSUMED_PHASE_CYCLES
             assumed.append(phase)
     if not assumed:
-        return total, "measured", f"RTL latency_cycles x uses per layer from {path}"
+        sizes = "; ".join(f"{n} {k.get('params', {})}" for n, k in kernels.items())
+        return total, "simulated", f"RTL latency_cycles x uses per layer, {path.name}, at the sizes {sizes}"
     where = (f"RTL-simulated {'/'.join(measured)} from {path.name}; " if measured
              else f"no matching kernel in {path.name}; " if kernels else f"no {path.name}; ")
     return total, "assumed", where + f"assumed {ASSUMED_PHASE_CYCLES:.0f} cycles x uses for {'/'.join(assumed)}"
@@ -265,8 +273,14 @@ def _pass_terms(w: DraftWorkload, board: Board, d: DesignParams, p: Placement, c
     kv_bytes = 0 if p.kv_on_chip else w.kv_bytes_per_position() * (c + 2 * n)  # read c+n, write n
     offchip = w.streamed_weight_bytes() - p.resident_weight_bytes + kv_bytes
     mem_s = offchip / (board.offchip_peak_gbps * 1e9 * d.bandwidth_efficiency)
-    macs_per_s = d.dsps_used * d.macs_per_dsp * d.clock_mhz * 1e6
-    return mem_s, n * w.macs_per_token(c) / macs_per_s, offchip
+    macs_per_s = d.dsps_used * d.macs_per_dsp * d.dsp_efficiency * d.clock_mhz * 1e6
+    macs = n * (w.macs_per_token(c) - w.head_params()) + w.head_params()  # the head: last token only
+    return mem_s, macs / macs_per_s, offchip
+
+
+def pcie_time_s(num_bytes: int, design: DesignParams) -> float:
+    """One block's host<->card traffic: a transfer in and one out, each paying the latency, plus the bytes."""
+    return 2 * design.pcie_latency_us * 1e-6 + num_bytes / (design.pcie_gbps * 1e9)
 
 
 def _check(workload: DraftWorkload, board: Board, design: DesignParams, k: int, context_len: int,
@@ -306,7 +320,7 @@ def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: 
     passes_s = sum(max(t[0], t[1]) for t in terms) + overhead_s * len(passes)
     launch_s = design.launch_overhead_us * 1e-6
     pcie_bytes = 4 * (new_tokens + k)  # int32 ids in and out
-    pcie_s = 2 * design.pcie_latency_us * 1e-6 + pcie_bytes / (design.pcie_gbps * 1e9)
+    pcie_s = pcie_time_s(pcie_bytes, design)
     block_s = launch_s + pcie_s + passes_s
     bound = "memory" if terms[-1][0] >= terms[-1][1] else "compute"
     mdl = "modeled"
@@ -316,7 +330,7 @@ def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: 
         block_time=Metric(block_s, "s", mdl, "launch + PCIe + sum over passes of max(mem, compute) + overhead"),
         time_per_token=Metric(block_s / k, "s", mdl, f"block time / k (k={k})"),
         memory_time=Metric(mem_s, "s", mdl, "off-chip bytes / (peak BW x efficiency), summed over passes"),
-        compute_time=Metric(compute_s, "s", mdl, "MACs / (DSPs x MACs/DSP x clock), summed over passes"),
+        compute_time=Metric(compute_s, "s", mdl, "MACs / (DSPs x MACs/DSP x efficiency x clock), over passes"),
         layer_overhead_time=Metric(overhead_s * len(passes), "s", mdl,
                                    f"{cycles:.0f} cycles/layer ({cycles_prov}: {cycles_src})"),
         launch_time=Metric(launch_s, "s", "assumed", "one XRT kernel launch per block"),
@@ -339,13 +353,15 @@ def assumptions(board: Board, design: DesignParams, cycles_prov: str, cycles_src
     return (
         f"assumed: clock {design.clock_mhz} MHz (published U280 LLM designs close 200-285 MHz)",
         f"assumed: {design.dsps_used} DSPs x {design.macs_per_dsp} MAC/cycle "
-        f"({'WP486 hand packing' if design.macs_per_dsp == 2 else 'no DSP packing'})",
+        f"({'WP486 hand packing' if design.macs_per_dsp == 2 else 'no DSP packing'}) at efficiency "
+        f"{design.dsp_efficiency} (simulated: the RTL gemv_tile streams P x W MACs per cycle, kernel_cycles.json)",
         f"assumed: off-chip efficiency {design.bandwidth_efficiency} of {board.offchip_peak_gbps} GB/s peak "
         f"= {bw:.1f} GB/s (published designs: 0.10-0.43)",
         "assumed: weight streaming overlaps compute (double buffering): per pass max(memory, compute)",
         f"{cycles_prov}: per-layer fixed overhead, not overlapped ({cycles_src})",
         f"assumed: one XRT launch per block, {design.launch_overhead_us} us (published 16-100 us)",
-        f"assumed: PCIe {design.pcie_latency_us} us per transfer, {design.pcie_gbps} GB/s",
+        f"assumed: PCIe {design.pcie_latency_us} us per transfer (one XRT bo sync), {design.pcie_gbps:.1f} GB/s "
+        "(PCIe 4.0 x16, PCI-SIG base specification 4.0)",
         f"assumed: {design.on_chip_usable_fraction:.0%} of BRAM+URAM usable, minus the shell's "
         f"{board.shell_bram36} BRAM36 ({board.shell_provenance})",
         f"{board.power_provenance}: board power {board.power_w} W ({board.power_source})",

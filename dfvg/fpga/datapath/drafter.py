@@ -27,6 +27,7 @@ from dfvg.drafter import DraftBlock
 from dfvg.errors import UserError
 from dfvg.fpga.board.boards import get_board
 from dfvg.fpga.board.latency import DesignParams, DraftWorkload, model_block
+from dfvg.fpga.board.workload import draft_workload
 from dfvg.fpga.datapath.artifact import load_or_build
 from dfvg.fpga.datapath.integer_model import IntegerDraftModel
 from dfvg.fpga.xrt.driver import XrtDraftEngine, load_pyxrt
@@ -65,16 +66,6 @@ def check_options(bits: int, mode: str, board: str, xclbin: str | Path | None, x
             load_pyxrt()
         if not Path(xclbin).is_file():
             raise UserError(f"xclbin not found: {xclbin}")
-
-
-def workload_of(config: ModelConfig, tensors: dict[str, torch.Tensor], bits: int) -> DraftWorkload:
-    """The latency model's workload, with the exact bytes a token streams (all tensors but the embedding).
-
-    The LM head's MACs count the rows it really has: a distilled draft's head covers head_vocab_size ids.
-    """
-    streamed = sum(t.numel() * t.element_size() for n, t in tensors.items() if not n.startswith("tok_embeddings."))
-    head_rows = config.head_vocab_size or config.vocab_size
-    return DraftWorkload.from_model_config(config, weight_bits=float(bits), vocab_size=head_rows, weight_bytes=streamed)
 
 
 def xrt_weights(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -158,7 +149,7 @@ class FpgaDrafter:
                                     max_context=max_context, max_k=XRT_MAX_K)
             engine.load(xclbin)
             engine.upload_weights(xrt_weights(tensors))
-        return cls(model, meta, workload_of(config, tensors, bits), target_vocab_size, board, engine)
+        return cls(model, meta, draft_workload(config, bits, group_size), target_vocab_size, board, engine)
 
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
         """Reset, size the cache, and feed prompt_ids[:-1] (on a board, the first block feeds the prompt)."""

@@ -8,7 +8,8 @@ step is exact integer arithmetic (the float matmul paths of `fixed_point.int_mat
 construction). What it does not own: choosing scales (the quantizer) or the drafting loop (`drafter.py`).
 
 Dataflow of one decoder layer (T tokens, residual r int32 at the model-wide residual scale):
-    a = rmsnorm(r) int8 -> qkv = requant(a @ wqkv + b) int8 -> rope(q), rope(k) -> cache[k, v at pos]
+    a = rmsnorm(r) int8 -> qkv = requant(a @ wqkv + b) int8 -> [Qwen3: q, k = rmsnorm per head]
+    -> rope(q), rope(k) -> cache[k, v at pos]
     p = softmax_q15(q k^T) -> o = requant(p v) int8 -> r += requant32(o @ wo)
     f = rmsnorm(r) int8 -> g, u = requant(f @ w13) -> h = requant(silu_lut(g) * u) -> r += requant32(h @ w2)
 Two additions to fixed_point.py live here: `requantize_int32` (the residual-bound requantization, same
@@ -118,9 +119,13 @@ class IntegerDraftModel:
         heads, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = self._linear8(x, p + ".wqkv")  # [T, (H + 2 KV) hd]
         q, k, v = qkv.split([heads * hd, kv * hd, kv * hd], dim=-1)
+        q, k = q.reshape(seq, heads, hd), k.reshape(seq, kv, hd)
+        if cfg.qk_norm:  # Qwen3: per-head RMSNorm of int8 q and k (|x| < 2**15, no row shift needed)
+            q = fp.rmsnorm(q, self.t[p + ".q_norm.gamma"], *self.params[p + ".q_norm.params"])
+            k = fp.rmsnorm(k, self.t[p + ".k_norm.gamma"], *self.params[p + ".k_norm.params"])
         cos, sin = self.cos_q[start:start + seq, None], self.sin_q[start:start + seq, None]  # [T, 1, hd/2]
-        q = fp.rope_apply(q.reshape(seq, heads, hd), cos, sin)
-        self.cache_k[i][start:start + seq] = fp.rope_apply(k.reshape(seq, kv, hd), cos, sin)
+        q = fp.rope_apply(q, cos, sin)
+        self.cache_k[i][start:start + seq] = fp.rope_apply(k, cos, sin)
         self.cache_v[i][start:start + seq] = v.reshape(seq, kv, hd)
         length, rep = start + seq, heads // kv
         slots = torch.arange(length, device=self.device)

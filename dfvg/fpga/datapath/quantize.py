@@ -68,6 +68,8 @@ def calibrate(model: Transformer, sequences: list[list[int]]) -> dict[str, Tenso
 
     Sites per layer i: attn_in [D], qkv_out [qkv], q_pair, k_pair (scalars), wo_in [H*hd], ffn_in [D],
     w13_out [2I], silu (scalar), w2_in [I]; model-wide: residual (scalar), head_in [D], logits (scalar).
+    With qk-norm (Qwen3), qkv_out is q/k before their norms and q_pair/k_pair are taken after them: RoPE
+    rotates the normed q and k.
     """
     cfg = model.config
     stats: dict[str, Tensor] = {}
@@ -79,8 +81,11 @@ def calibrate(model: Transformer, sequences: list[list[int]]) -> dict[str, Tenso
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         record(f"layers.{i}.attn_in", _absmax_channels(x))
         record(f"layers.{i}.qkv_out", _absmax_channels(y))
-        record(f"layers.{i}.q_pair", _pair_norm_max(y[..., :q_size], cfg.num_heads, cfg.head_dim))
-        k = y[..., q_size:q_size + kv_size]
+        if not cfg.qk_norm:
+            on_rope_input(i, y[..., :q_size], y[..., q_size:q_size + kv_size])
+
+    def on_rope_input(i: int, q: Tensor, k: Tensor) -> None:
+        record(f"layers.{i}.q_pair", _pair_norm_max(q, cfg.num_heads, cfg.head_dim))
         record(f"layers.{i}.k_pair", _pair_norm_max(k, cfg.num_kv_heads, cfg.head_dim))
 
     def on_w13(i: int, x: Tensor, y: Tensor) -> None:
@@ -89,7 +94,7 @@ def calibrate(model: Transformer, sequences: list[list[int]]) -> dict[str, Tenso
         gate = y[..., : cfg.intermediate_size]
         record(f"layers.{i}.silu", torch.nn.functional.silu(gate.float()).abs().max())
 
-    hooks = []
+    hooks, normed_q = [], {}
     for i, layer in enumerate(model.layers):
         att, ffn = layer.attention, layer.feed_forward
         hooks += [
@@ -100,12 +105,22 @@ def calibrate(model: Transformer, sequences: list[list[int]]) -> dict[str, Tenso
             layer.attention_norm.register_forward_hook(lambda m, a, y: record("residual", a[0].abs().max().float())),
             layer.ffn_norm.register_forward_hook(lambda m, a, y: record("residual", a[0].abs().max().float())),
         ]
+        if cfg.qk_norm:  # q_norm runs right before k_norm: hold q's output until k's arrives
+            hooks += [att.q_norm.register_forward_hook(lambda m, a, y: normed_q.update(q=y)),
+                      att.k_norm.register_forward_hook(lambda m, a, y, i=i: on_rope_input(i, normed_q["q"], y))]
     hooks.append(model.norm.register_forward_hook(lambda m, a, y: record("residual", a[0].abs().max().float())))
+
     def on_head(x: Tensor, y: Tensor) -> None:  # a hook that returned a value would replace the output
         record("head_in", _absmax_channels(x))
         record("logits", y.abs().max().float())
 
     hooks.append(model.output.register_forward_hook(lambda m, a, y: on_head(a[0], y)))
+    _run_hooked(model, sequences, hooks)
+    return {name: value.cpu() for name, value in stats.items()}
+
+
+def _run_hooked(model: Transformer, sequences: list[list[int]], hooks: list) -> None:
+    """Feed every calibration sequence through the float model, then remove the hooks whatever happens."""
     try:
         device = model.tok_embeddings.weight.device
         model.setup_cache(1, max(len(s) for s in sequences))
@@ -115,7 +130,6 @@ def calibrate(model: Transformer, sequences: list[list[int]]) -> dict[str, Tenso
     finally:
         for hook in hooks:
             hook.remove()
-    return {name: value.cpu() for name, value in stats.items()}
 
 
 # -------------------------------------------------------------------------------------- smoothing
@@ -237,7 +251,11 @@ def _layer_scales(cfg, stats: dict[str, Tensor], i: int) -> dict[str, float]:
     """Real per-tensor scales of every int8 site of layer i (calibrated absmax / 127)."""
     p, q_size, kv = f"layers.{i}.", cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     w13_out = stats[p + "w13_out"]
-    return {
+    qk_in = {}
+    if cfg.qk_norm:  # q and k leave wqkv at their own scales, then their norms bring them to "q" and "k"
+        qk_in = {"q_in": _act_scale(stats[p + "qkv_out"][:q_size].max()),
+                 "k_in": _act_scale(stats[p + "qkv_out"][q_size:q_size + kv].max())}
+    return qk_in | {
         "attn_in": _act_scale(stats[p + "attn_in"].max()), "q": _act_scale(stats[p + "q_pair"]),
         "k": _act_scale(stats[p + "k_pair"]), "v": _act_scale(stats[p + "qkv_out"][q_size + kv:].max()),
         "wo_in": _act_scale(stats[p + "wo_in"].max()), "ffn_in": _act_scale(stats[p + "ffn_in"].max()),
@@ -250,11 +268,15 @@ def _layer_scales(cfg, stats: dict[str, Tensor], i: int) -> dict[str, float]:
 def _quantize_layer(layer, cfg, sc: dict[str, float], res: float, i: int, bits: int, gs: int) -> dict[str, Tensor]:
     p, att, ffn = f"layers.{i}.", layer.attention, layer.feed_forward
     q_size, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
-    qkv_out = torch.cat([torch.full((q_size,), sc["q"]), torch.full((kv,), sc["k"]), torch.full((kv,), sc["v"])])
+    q_out, k_out = sc.get("q_in", sc["q"]), sc.get("k_in", sc["k"])
+    qkv_out = torch.cat([torch.full((q_size,), q_out), torch.full((kv,), k_out), torch.full((kv,), sc["v"])])
     w13_out = torch.cat([torch.full((inter,), sc["gate"]), torch.full((inter,), sc["up"])])
     to_res = lambda n: torch.full((n,), res, dtype=torch.float64)
     out = _norm(p + "attention_norm", layer.attention_norm.weight, res, sc["attn_in"], cfg.rms_norm_eps)
     out |= _norm(p + "ffn_norm", layer.ffn_norm.weight, res, sc["ffn_in"], cfg.rms_norm_eps)
+    if cfg.qk_norm:  # per-head RMSNorm of q and k over head_dim: the same fixed-point norm, int8 in
+        out |= _norm(p + "attention.q_norm", att.q_norm.weight, q_out, sc["q"], cfg.rms_norm_eps)
+        out |= _norm(p + "attention.k_norm", att.k_norm.weight, k_out, sc["k"], cfg.rms_norm_eps)
     out |= quantize_linear(p + "attention.wqkv", att.wqkv.weight, att.wqkv.bias, sc["attn_in"], qkv_out, bits, gs)
     out |= quantize_linear(p + "attention.wo", att.wo.weight, att.wo.bias, sc["wo_in"], to_res(cfg.hidden_size),
                            bits, gs)
@@ -298,8 +320,6 @@ def quantize_model(model: Transformer, bits: int = 8, group_size: int = 128,
     cfg = model.config
     if bits not in (4, 8):
         raise UserError(f"FPGA weight bits must be 8 or 4, got {bits}")
-    if cfg.qk_norm:
-        raise UserError("the FPGA datapath does not implement Qwen3 qk-norm yet; use a Llama/Qwen2 draft")
     sequences = calibration or builtin_calibration(cfg.vocab_size)
     if not inplace:
         model = copy.deepcopy(model)
