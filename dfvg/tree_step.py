@@ -189,7 +189,7 @@ def tree_step(verifier: Verifier, drafter: Drafter, spec: TreeSpec, sampling: Sa
               draft_length: int) -> TreeStep:
     """The tree step for this pair, or a UserError saying which part cannot run trees yet."""
     if type(verifier) is not TorchVerifier:
-        raise UserError("--tree verifies with the eager target; on CUDA pass --eager (no graph tree verify yet)")
+        raise UserError("a token tree verifies on the eager target; on CUDA pass --eager (config: eager: true)")
     if type(drafter) is not TorchDrafter:
         raise UserError("--tree needs a torch draft (--draft-device cpu/cuda); the FPGA datapath has no tree yet")
     return TreeStep(verifier, drafter, spec, sampling, torch.Generator().manual_seed(seed), draft_length)

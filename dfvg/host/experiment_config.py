@@ -27,6 +27,7 @@ import yaml
 from dfvg.config_file import read_yaml
 from dfvg.errors import UserError
 from dfvg.host.device_config import DeviceConfig, build_device_config, load_device_config
+from dfvg.tree import TreeSpec, parse_tree_spec
 
 VARIANTS = ("baseline", "speculative", "fpga", "overlap", "adaptive", "sweep", "batch")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -49,6 +50,7 @@ class ExperimentConfig:
     max_new_tokens: int = 64
     draft_length: int = 4
     draft_length_sweep: tuple[int, ...] = ()
+    tree: TreeSpec | None = None  # token trees for the torch draft's sync variants (dfvg.tree_step)
     batch_size: int = 1
     batch_sizes: tuple[int, ...] = ()  # the `batch` variant: plain and speculative at each batch size
     devices: DeviceConfig = field(default_factory=DeviceConfig)
@@ -137,6 +139,13 @@ def _named_paths(value: Any) -> dict[str, str]:
     return dict(value)
 
 
+def _tree(value: Any) -> TreeSpec:
+    try:
+        return parse_tree_spec(str(value))
+    except UserError:
+        raise ValueError("must be branching factors per depth (e.g. 2,2,1) or dynamic:N") from None
+
+
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else parse(value)
 
@@ -145,7 +154,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "name": _text, "target_model": _text, "draft_model": _optional(_text), "pair": _text,
     "extra_drafts": _named_paths,
     "dataset": _text, "num_prompts": _int(1), "max_new_tokens": _int(1), "draft_length": _int(1),
-    "draft_length_sweep": _int_list, "draft_params": _text, "batch_size": _int(1), "batch_sizes": _int_list,
+    "draft_length_sweep": _int_list, "tree": _optional(_tree), "draft_params": _text, "batch_size": _int(1),
+    "batch_sizes": _int_list,
     "devices": _mapping_or_path, "device_config": _text, "dtype": _choice(DTYPES),
     "temperature": _float(0.0, 100.0), "top_k": _int(0), "top_p": _float(0.0, 1.0, low_open=True),
     "seed": _int(0), "num_runs": _int(1), "warmup": _bool, "eager": _bool, "variants": _variants,
