@@ -165,3 +165,26 @@ def test_one_hot_argmax_ties_match_the_tree_drafts_order():
     """Deterministic children are ranked by a stable sort: the first child is the lowest-index argmax."""
     logits = torch.tensor([1.0, 3.0, 3.0, 0.5])
     assert torch.sort(logits, descending=True, stable=True).indices[0] == one_hot_argmax(logits).argmax()
+
+
+def test_cli_tree_flag_matches_the_chain(tiny_pair, capsys):
+    """`dfvg generate --tree` runs the tree step and prints the same greedy tokens as the chain."""
+    import json
+
+    from dfvg.cli import main
+
+    common = ["generate", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--prompt-ids", "3,4,5",
+              "--max-new-tokens", "12", "--json"]
+    outputs = []
+    for extra in ([], ["--tree", "2,2,1"], ["--tree", "dynamic:6"]):
+        assert main(common + extra) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0]["tokens"] == outputs[1]["tokens"] == outputs[2]["tokens"]
+    assert outputs[1]["stats"]["num_draft_tokens"] > outputs[0]["stats"]["num_draft_tokens"]
+
+
+def test_config_key_tree_is_parsed():
+    from dfvg.host.experiment_config import parse_values
+
+    assert parse_values({"tree": "2,2,1"}, "x.yaml") == {"tree": TreeSpec(branching=(2, 2, 1))}
+    assert parse_values({"tree": "dynamic:12"}, "x.yaml")["tree"] == TreeSpec(budget=12)
