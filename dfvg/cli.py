@@ -46,6 +46,8 @@ def add_generate_parser(commands) -> None:
                      help="encode --prompt as plain text, not as the user message of the target's chat template")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--draft-length", type=int, default=4, help="k: draft tokens per verify step")
+    gen.add_argument("--tree", help="token-tree speculation: branching per depth (e.g. 2,2,1) or dynamic:N (a "
+                                    "budget of N nodes, --draft-length deep); verified eagerly (no CUDA graphs)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
@@ -104,11 +106,17 @@ def run_generate(args: argparse.Namespace) -> dict:
     from dfvg.devices import resolve_device
     from dfvg.sampling import SamplingParams
     from dfvg.tokenizer import decode, encode_prompt, eos_token_ids, load_tokenizer
+    from dfvg.tree import parse_tree_spec
 
     if not args.no_draft and not args.draft:
         raise UserError("--draft DIR is required (or pass --no-draft for plain decoding)")
     if args.draft_length < 1 and not args.no_draft:
         raise UserError(f"--draft-length must be >= 1, got {args.draft_length}")
+    tree = parse_tree_spec(args.tree) if args.tree is not None else None
+    if tree is not None and args.no_draft:
+        raise UserError("--tree needs a draft (--draft DIR), not --no-draft")
+    if tree is not None and args.tensor_parallel > 1:
+        raise UserError("--tree with --tensor-parallel is not supported yet; drop one of them")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
     tensor_parallel = group.start(args.tensor_parallel, args.device, args.target)
     device = tensor_parallel.device if tensor_parallel else resolve_device(args.device)
@@ -123,7 +131,7 @@ def run_generate(args: argparse.Namespace) -> dict:
     k = 0 if drafter is None else args.draft_length
     warmup_s = engine.warm_up([drafter], prompt_ids, [k], args.max_new_tokens) if engine.captures else 0.0
     result = engine.decode(drafter, prompt_ids, args.max_new_tokens, k=k, eos_ids=eos_token_ids(args.target),
-                           sampling=sampling, seed=args.seed)
+                           sampling=sampling, seed=args.seed, tree=tree)
     result.warmup_s = warmup_s
     return {"tokens": result.tokens, "text": decode(tokenizer, result.tokens), "prompt_tokens": prompt_ids,
             "chat_template": chat, "stats": result.stats()}
@@ -154,7 +162,7 @@ def load_engine(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     from dfvg.engine import Engine, load_verifier, make_drafter
     from dfvg.tokenizer import check_compatible, load_tokenizer
 
-    fast = not args.eager
+    fast = not args.eager and args.tree is None  # a tree verifies on the eager model (no graph tree verify yet)
     engine = Engine(load_verifier(args.target, device, dtype, fast, tensor_parallel))
     if args.no_draft:
         return engine, None

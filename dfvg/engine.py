@@ -38,6 +38,8 @@ from dfvg.parallel.drafts import ReceivedDrafts, share_drafts
 from dfvg.parallel.group import TensorParallel, current
 from dfvg.parallel.verifier import TensorParallelVerifier
 from dfvg.sampling import SamplingParams
+from dfvg.tree import TreeSpec
+from dfvg.tree_step import tree_step
 from dfvg.verifier import TorchVerifier, Verifier
 
 DEFAULT_CACHE_LEN = 1024  # graph caches hold at least this many positions, so graphs survive across prompts
@@ -110,12 +112,17 @@ class Engine:
     def decode(self, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int, *, k: int,
                eos_ids: tuple[int, ...] | list[int] = (), sampling: SamplingParams | None = None, seed: int = 0,
                mode: str = "sync", timeline: Timeline | None = None,
-               adaptive: AdaptiveDraftLength | None = None) -> GenerationResult:
-        """One generation: the device step where it applies, else the host step or a pipeline schedule."""
+               adaptive: AdaptiveDraftLength | None = None, tree: TreeSpec | None = None) -> GenerationResult:
+        """One generation: the device step where it applies, else the host step, a pipeline schedule, or
+        token-tree speculation (`tree`, dfvg.tree_step)."""
         sampling = sampling or SamplingParams()
         k = k if drafter is not None else 0
         self._remember(drafter)
         drafter = share_drafts(self.verifier, drafter)  # tensor parallel: rank 0 broadcasts its blocks
+        if drafter is not None and tree is not None:
+            step = tree_step(self.verifier, drafter, tree, sampling, seed, k)
+            return decode(step, prompt_ids, max_new_tokens, k=step.depth, eos_ids=eos_ids,
+                          context_limit=self.context_limit)
         if drafter is not None and (mode != "sync" or adaptive is not None):
             return run_pipeline(self.verifier, drafter, prompt_ids, max_new_tokens, eos_ids=eos_ids,
                                 sampling=sampling, seed=seed, draft_length=k, mode=mode, adaptive=adaptive,

@@ -234,20 +234,25 @@ class Transformer(nn.Module):
         positions = torch.arange(start_pos, start_pos + len(tokens), device=device)[None]
         return self(ids, positions, last_only=last_only)[0]
 
-    def forward(self, input_ids: Tensor, input_pos: Tensor, last_only: bool = False) -> Tensor:
+    def forward(self, input_ids: Tensor, input_pos: Tensor, last_only: bool = False,
+                slots: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         """input_ids, input_pos [B, T] -> float32 logits [B, T, V] (or [B, 1, V] with last_only).
 
         Positions must lie below the cache length given to `setup_cache`; the callers check that with host
         integers, because reading `input_pos` here would force a device sync (and break CUDA graph capture).
+        A token tree (dfvg.tree) passes its own cache `slots` [B, T] (nodes of one depth share a position
+        but not a slot) and attention `mask` [B, 1, T, S]; by default slot = position, causal by position.
         """
         x = self.embed(input_ids)
         dtype = x.dtype
         cos = self.rope_cos[input_pos].to(dtype).unsqueeze(2)  # [B, T, 1, hd]
         sin = self.rope_sin[input_pos].to(dtype).unsqueeze(2)
-        slots = torch.arange(self.max_seq_len, device=input_ids.device)
-        mask = (slots[None, None, :] <= input_pos[:, :, None]).unsqueeze(1)  # [B, 1, T, S]
+        if mask is None:
+            cache_slots = torch.arange(self.max_seq_len, device=input_ids.device)
+            mask = (cache_slots[None, None, :] <= input_pos[:, :, None]).unsqueeze(1)  # [B, 1, T, S]
+        write_at = input_pos if slots is None else slots
         for layer in self.layers:
-            x = layer(x, cos, sin, input_pos, mask)
+            x = layer(x, cos, sin, write_at, mask)
         if last_only:
             x = x[:, -1:]
         return self.logits(x)

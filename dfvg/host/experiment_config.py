@@ -27,6 +27,7 @@ import yaml
 from dfvg.config_file import read_yaml
 from dfvg.errors import UserError
 from dfvg.host.device_config import DeviceConfig, build_device_config, load_device_config
+from dfvg.tree import TreeSpec, parse_tree_spec
 
 VARIANTS = ("baseline", "speculative", "fpga", "overlap", "adaptive", "sweep", "batch")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -49,6 +50,7 @@ class ExperimentConfig:
     max_new_tokens: int = 64
     draft_length: int = 4
     draft_length_sweep: tuple[int, ...] = ()
+    tree: TreeSpec | None = None  # token trees for the torch draft's sync variants (dfvg.tree_step)
     batch_size: int = 1
     batch_sizes: tuple[int, ...] = ()  # the `batch` variant: plain and speculative at each batch size
     devices: DeviceConfig = field(default_factory=DeviceConfig)
@@ -138,6 +140,13 @@ def _named_paths(value: Any) -> dict[str, str]:
     return dict(value)
 
 
+def _tree(value: Any) -> TreeSpec:
+    try:
+        return parse_tree_spec(str(value))
+    except UserError:
+        raise ValueError("must be branching factors per depth (e.g. 2,2,1) or dynamic:N") from None
+
+
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else parse(value)
 
@@ -146,7 +155,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "name": _text, "target_model": _text, "draft_model": _optional(_text), "pair": _text,
     "extra_drafts": _named_paths,
     "dataset": _text, "num_prompts": _int(1), "max_new_tokens": _int(1), "draft_length": _int(1),
-    "draft_length_sweep": _int_list, "draft_params": _text, "batch_size": _int(1), "batch_sizes": _int_list,
+    "draft_length_sweep": _int_list, "tree": _optional(_tree), "draft_params": _text, "batch_size": _int(1),
+    "batch_sizes": _int_list,
     "devices": _mapping_or_path, "device_config": _text, "dtype": _choice(DTYPES),
     "temperature": _float(0.0, 100.0), "top_k": _int(0), "top_p": _float(0.0, 1.0, low_open=True),
     "seed": _int(0), "num_runs": _int(1), "warmup": _bool, "eager": _bool, "variants": _variants,
@@ -287,7 +297,8 @@ def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None
 def check_tensor_parallel(cfg: ExperimentConfig) -> None:
     """A tensor-parallel target runs the sync schedule on one sequence: every rank must take the same steps,
     and the overlap schedule's draft thread and the batched forward have no sharded form yet."""
-    unsupported = [v for v in ("overlap", "adaptive", "batch") if v in cfg.variants]
+    unsupported = [v for v in ("overlap", "adaptive", "batch") if v in cfg.variants] + \
+        (["tree"] if cfg.tree is not None else [])
     if cfg.tensor_parallel > 1 and (unsupported or cfg.batch_size > 1):
         what = f"variants {', '.join(unsupported)}" if unsupported else f"batch_size {cfg.batch_size}"
         raise UserError(f"{cfg.source}: tensor_parallel {cfg.tensor_parallel} runs the sync schedule at batch 1; "

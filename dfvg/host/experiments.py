@@ -164,9 +164,10 @@ def decode(plan: Plan, ctx: Context, ids: list[int], seed: int,
         if plan.adaptive else None
     timeline = Timeline()
     mode = plan.mode if plan.mode != "ar" else "sync"
+    tree = ctx.cfg.tree if plan.drafter == "torch" and mode == "sync" and adaptive is None else None
     result = ctx.engine.decode(drafter, ids, max_new_tokens or ctx.cfg.max_new_tokens, k=plan.draft_length,
                                eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=seed, mode=mode,
-                               timeline=timeline, adaptive=adaptive)
+                               timeline=timeline, adaptive=adaptive, tree=tree)
     if timeline.events:
         return result, [event_dict(e) for e in timeline.events]
     draft_device = "fpga" if plan.drafter == "fpga" else ctx.draft_device
