@@ -1,6 +1,6 @@
-"""Mean accepted length τ of a k-chain against token trees, same draft, same prompts, on CPU (greedy, fp32).
+"""Mean accepted length τ of a k-chain against token trees, same draft, same prompts (greedy, fp32).
 
-    PYTHONPATH=. python benchmarks/tree_tau.py [--prompts 5] [--max-new-tokens 64] \
+    python benchmarks/tree_tau.py [--prompts 5] [--max-new-tokens 64] [--device cpu|cuda] \
         [--shapes 2,2,1,1 4,2,1,1 dynamic:16] [--output results/tree_tau.json]
 
 The chain is the engine's host step with k = --draft-length; every tree runs `dfvg.tree_step.TreeStep`
@@ -21,16 +21,17 @@ from pathlib import Path
 
 import torch
 
-from dfvg.checkpoint import load_model
-from dfvg.datasets import load_prompts
-from dfvg.drafter import TorchDrafter
-from dfvg.engine import Engine
-from dfvg.stats import StepRecord, mean_accepted_length
-from dfvg.tokenizer import encode, eos_token_ids, load_tokenizer
-from dfvg.tree import parse_tree_spec
-from dfvg.verifier import TorchVerifier
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dfvg.checkpoint import load_model  # noqa: E402
+from dfvg.datasets import load_prompts  # noqa: E402
+from dfvg.drafter import TorchDrafter  # noqa: E402
+from dfvg.engine import Engine  # noqa: E402
+from dfvg.stats import StepRecord, mean_accepted_length  # noqa: E402
+from dfvg.tokenizer import encode, eos_token_ids, load_tokenizer  # noqa: E402
+from dfvg.tree import parse_tree_spec  # noqa: E402
+from dfvg.verifier import TorchVerifier  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -43,6 +44,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--draft-length", type=int, default=4, help="chain k, and the depth of dynamic trees")
     parser.add_argument("--shapes", nargs="+", default=["2,2,1,1", "4,2,1,1", "dynamic:16"])
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: both models eager, fp32 (trees verify eagerly)")
     parser.add_argument("--output", default=str(ROOT / "results/tree_tau.json"))
     return parser.parse_args()
 
@@ -56,8 +58,9 @@ def summary(steps: list[StepRecord], tokens_match: list[bool]) -> dict:
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     tokenizer, eos = load_tokenizer(args.target), eos_token_ids(args.target)
-    engine = Engine(TorchVerifier(load_model(args.target)))
-    drafter = TorchDrafter(load_model(args.draft), engine.verifier.vocab_size)
+    device = torch.device(args.device)
+    engine = Engine(TorchVerifier(load_model(args.target, device=device)))
+    drafter = TorchDrafter(load_model(args.draft, device=device), engine.verifier.vocab_size)
     variants = {"chain": None, **{shape: parse_tree_spec(shape) for shape in args.shapes}}
     steps: dict[str, list[StepRecord]] = {name: [] for name in variants}
     match: dict[str, list[bool]] = {name: [] for name in variants}
@@ -74,7 +77,7 @@ def run(args: argparse.Namespace) -> dict:
     rows = {name: summary(steps[name], match[name]) for name in variants}
     return {"target": Path(args.target).name, "draft": Path(args.draft).name, "dataset": Path(args.dataset).name,
             "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
-            "dtype": "float32", "device": "cpu", "greedy": True, "variants": rows}
+            "dtype": "float32", "device": args.device, "greedy": True, "variants": rows}
 
 
 def main() -> None:
