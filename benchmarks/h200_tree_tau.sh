@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p /root/cache/gguf "$out"
-cat "$chunks"/c* | head -c 1117320768 > /root/cache/gguf/qwen2.5-coder-1.5b-instruct.gguf
+cat "$chunks"/c* > /root/all.bin  # not piped into head: with pipefail, cat's SIGPIPE would end the script
+head -c 1117320768 /root/all.bin > /root/cache/gguf/qwen2.5-coder-1.5b-instruct.gguf
+rm /root/all.bin
 sha256sum /root/cache/gguf/qwen2.5-coder-1.5b-instruct.gguf drafts/*/model.safetensors > "$out/sha256.txt"
 python3 scripts/download_models.py --cache-dir /root/cache --only target 2>&1 | tail -2
 python3 benchmarks/tree_tau.py --device cuda --prompts "$prompts" --max-new-tokens 128 \
