@@ -12,7 +12,11 @@ logits through acceptance). Here those crossings become graph replays whose only
   so every greedy GPU verification costs the same, whoever drafted.
 
 Both are steps of the engine's one loop (`dfvg.generate.decode`). `DeviceStep` always drafts k: the graph
-has one shape, and tokens committed past max_new_tokens are cut by the loop. Greedy output equals the host
+has one shape, and tokens committed past max_new_tokens are cut by the loop. Its replay is a proposal of
+the guarded drafter (`dfvg.fallback`): when it raises or misses the watchdog's deadline, that step and the
+rest of the generation run on the host step over the same guard, which drafts with the next drafter of its
+chain or none (the target's cache is position-indexed: the host step's verify overwrites what the failed
+replay wrote). Greedy output equals the host
 step's up to bf16 rounding on a GPU (a near-tie may flip); on a CPU (tests) the same bodies run eagerly.
 """
 
@@ -24,7 +28,8 @@ import torch
 from torch import Tensor
 
 from dfvg.drafter import DraftBlock
-from dfvg.generate import Outcome
+from dfvg.fallback import GuardedDrafter, take_faults
+from dfvg.generate import GREEDY, HostStep, Outcome
 from dfvg.gpu.graphs import VERIFY_ROWS, GraphDrafter, GraphModel, GraphVerifier, draft_body
 from dfvg.gpu.kernels import greedy_accept
 
@@ -48,12 +53,14 @@ def step_body(target: GraphModel, drafter: GraphModel | None, state: Tensor, dra
 class DeviceStep:
     """The engine's step for a graph verifier and a graph drafter (or none): one replay, k+2 ints back."""
 
-    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | None, k: int):
-        self.verifier, self.drafter = verifier, drafter
+    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | None, k: int,
+                 guard: GuardedDrafter | None = None):
+        self.verifier, self.drafter, self.guard = verifier, drafter, guard  # guard: drafter is its live one
         self.device = verifier.device
         self.k = k if drafter is not None else 0
         self.graph = None
         self._cache_ids: tuple = ()
+        self.host: HostStep | None = None  # after a fault: this generation's remaining steps
 
     def _capture(self) -> None:
         target = self.verifier.gm
@@ -81,17 +88,36 @@ class DeviceStep:
         if len(prompt_ids) < 2 and self.k:
             raise ValueError("DeviceStep drafts from the token before the last one: use HostStep for 1-token prompts")
         self.verifier.prefill(prompt_ids, max_seq_len)
-        if self.drafter is not None:
+        self.host = None
+        if self.guard is not None:
+            self.guard.prefill(prompt_ids, max_seq_len)
+            if self.guard.live is not self.drafter:  # it failed to prefill: the host step drafts with the next
+                self._to_host()
+                return
+        elif self.drafter is not None:
             self.drafter.prefill(prompt_ids, max_seq_len)
         if self.graph is None or self._cache_ids != self._cache_key():
             self._capture()
         self.state.copy_(torch.tensor([prompt_ids[max(len(prompt_ids) - 2, 0)], prompt_ids[-1], len(prompt_ids) - 1]))
 
     def __call__(self, seq: list[int], k: int) -> Outcome:
-        start = time.perf_counter()
+        if self.host is None:
+            start = time.perf_counter()
+            ok, record = self.guard.run(self._replay) if self.guard is not None else (True, self._replay())
+            if ok:
+                num, nxt, *drafts = record
+                return Outcome(DraftBlock(drafts, None, 0.0), num, nxt, time.perf_counter() - start,
+                               take_faults(self.guard))
+            self._to_host()
+        return self.host(seq, k)
+
+    def _replay(self) -> list[int]:
         self.graph.replay()
-        num, nxt, *drafts = self.record.tolist()  # the step's one device-to-host copy
-        return Outcome(DraftBlock(drafts, None, 0.0), num, nxt, time.perf_counter() - start)
+        return self.record.tolist()  # the step's one device-to-host copy
+
+    def _to_host(self) -> None:
+        """Continue this generation on the host step: both caches are filled, the guard knows the fault."""
+        self.host = HostStep(self.verifier, self.guard, GREEDY, torch.Generator())
 
 
 def fits_device_step(verifier: object, drafter: object, prompt_len: int, k: int) -> bool:

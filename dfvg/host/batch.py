@@ -17,8 +17,10 @@ compacted to the front, because the model maps input row i to cache row i. With 
 the same loop is batched plain decoding, so plain and speculative compare at the same batch size.
 
 Every rule that decides a row's step comes from the engine (`dfvg.generate`): the step length
-(`step_length`), the cache size (`max_seq_len`), the step record (`Outcome.record`), the commit with its
-EOS and length cut (`GenerationResult.commit`) and the drafter's rollback position.
+(`step_length`), the cache size (`max_seq_len`), the step record (`GenerationResult.add_step`), the commit
+with its EOS and length cut (`GenerationResult.commit`) and the drafter's rollback position. A row whose
+drafter is guarded (`dfvg.engine.Engine.guard(d, fallbacks=False)`) survives its drafter's faults like a
+single sequence: that row verifies no drafts from then on (its own generator untouched), the others go on.
 
 Does not own: the single-sequence schedules (dfvg.host.pipeline), acceptance, the drafters.
 """
@@ -35,6 +37,7 @@ from dfvg.acceptance import accept_block
 from dfvg.devices import synchronize
 from dfvg.drafter import DraftBlock, Drafter
 from dfvg.errors import UserError
+from dfvg.fallback import take_faults
 from dfvg.generate import GREEDY, GenerationResult, Outcome, check_lengths, max_seq_len, propose, step_length
 from dfvg.host.timeline import Timeline
 from dfvg.model import Transformer
@@ -102,7 +105,7 @@ def batched_verify(verifier: TorchVerifier, rows: list[Row], blocks: list[DraftB
 def commit_row(row: Row, outcome: Outcome, eos: set[int], max_new_tokens: int) -> None:
     if row.drafter is not None:
         row.drafter.rollback(len(row.seq) + outcome.num_accepted)  # the engine's contract, as in HostStep
-    row.result.steps.append(outcome.record())
+    row.result.add_step(outcome)
     row.seq += row.result.commit(outcome.committed, eos, max_new_tokens)
     row.done = row.result.hit_eos or len(row.result.tokens) >= max_new_tokens
 
@@ -115,7 +118,7 @@ def batch_step(verifier: TorchVerifier, rows: list[Row], k: int, sampling: Sampl
         start = timeline.now()
         row_k = step_length(k, len(row.result.tokens), max_new_tokens)
         blocks.append(propose(row.drafter, row.seq, row_k, sampling, row.rng))
-        if row.drafter is not None:
+        if blocks[-1].tokens:
             timeline.record("draft", str(row.drafter.device), start, timeline.now(), len(blocks[-1].tokens), step)
     start = timeline.now()
     logits = batched_verify(verifier, rows, blocks)  # [B, T, V]
@@ -127,7 +130,8 @@ def batch_step(verifier: TorchVerifier, rows: list[Row], k: int, sampling: Sampl
     end = timeline.now()
     timeline.record("accept", str(verifier.device), scored, end, sum(a + 1 for a, _ in outcomes), step)
     for row, block, (num_accepted, next_token) in zip(rows, blocks, outcomes, strict=True):
-        commit_row(row, Outcome(block, num_accepted, next_token, end - start), eos, max_new_tokens)
+        commit_row(row, Outcome(block, num_accepted, next_token, end - start, take_faults(row.drafter)), eos,
+                   max_new_tokens)
 
 
 def make_rows(drafters: Sequence[Drafter | None] | Callable[[], Drafter], prompts: list[list[int]],
@@ -136,7 +140,8 @@ def make_rows(drafters: Sequence[Drafter | None] | Callable[[], Drafter], prompt
     if len(chosen) != len(prompts):
         raise UserError(f"run_batch needs one drafter per prompt: {len(chosen)} drafters for {len(prompts)} prompts")
     real = [d for d in chosen if d is not None]
-    if len({id(getattr(d, "model", d)) for d in real}) != len(real):
+    models = [getattr(d, "model", None) for d in real]  # a guarded drafter whose drafters all failed has none
+    if len({id(d if m is None else m) for d, m in zip(real, models, strict=True)}) != len(real):
         raise UserError("run_batch drafters must not share a model (each keeps its own KV cache); "
                         "pass a drafter_factory that loads one model per sequence")
     return [Row(i, d, torch.Generator().manual_seed(seed + i), list(p), GenerationResult(tokens=[]))
