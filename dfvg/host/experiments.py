@@ -125,7 +125,11 @@ def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
     device = resolve_device(verify_device)
     dtype = resolve_dtype(cfg.dtype if cfg.dtype != "auto" else
                           ("bfloat16" if device.type == "cuda" else "float32"))
-    engine = Engine(load_verifier(cfg.target_model, device, dtype, fast=not cfg.eager))
+    verifier = load_verifier(cfg.target_model, device, dtype, fast=not cfg.eager)
+    fallbacks = [make_drafter(cfg.draft_model, d, dtype, verifier.vocab_size, fast=not cfg.eager,
+                              **(fpga_options(devices) if d == "fpga" else {}))
+                 for d in devices.faults.fallback] if cfg.uses_draft else []
+    engine = Engine(verifier, devices.faults, fallbacks)
     ctx = Context(cfg, nvml, tokenizer, prompts, engine, eos_token_ids(cfg.target_model),
                   SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p),
                   draft_device if draft_device != "fpga" else verify_device, verify_device, devices)
@@ -160,10 +164,11 @@ def decode(plan: Plan, ctx: Context, ids: list[int], seed: int,
     result = ctx.engine.decode(drafter, ids, max_new_tokens or ctx.cfg.max_new_tokens, k=plan.draft_length,
                                eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=seed, mode=mode,
                                timeline=timeline, adaptive=adaptive)
+    faults = [f.event().to_dict() for f in result.faults]
     if timeline.events:
-        return result, [event_dict(e) for e in timeline.events]
+        return result, [event_dict(e) for e in timeline.events] + faults
     draft_device = "fpga" if plan.drafter == "fpga" else ctx.draft_device
-    return result, step_timeline(result, draft_device, ctx.verify_device)  # a device step: one event per step
+    return result, step_timeline(result, draft_device, ctx.verify_device) + faults  # a device step: one per step
 
 
 def event_dict(event: Any) -> dict:
@@ -228,9 +233,11 @@ def warm_up(plans_: list[Plan], ctx: Context) -> float:
     seconds = ctx.engine.warm_up(drafters, longest, largest_k(plans_, ctx), ctx.cfg.max_new_tokens,
                                  batch=max_batch_size(ctx.cfg))
     start = time.perf_counter()
-    for plan in plans_:
-        if batch_size_of(plan, ctx.cfg) == 1:
-            decode(plan, ctx, longest[:24], seed=0, max_new_tokens=min(plan.draft_length + 3, ctx.cfg.max_new_tokens))
+    with ctx.engine.warming():
+        for plan in plans_:
+            if batch_size_of(plan, ctx.cfg) == 1:
+                decode(plan, ctx, longest[:24], seed=0,
+                       max_new_tokens=min(plan.draft_length + 3, ctx.cfg.max_new_tokens))
     return seconds + time.perf_counter() - start
 
 
@@ -281,18 +288,19 @@ def decode_batch(plan: Plan, ctx: Context, group: list[dict], first: int, run: i
     kind = plan.draft or plan.drafter  # an extra draft by its name, else torch / fpga / none
     if kind == "none":  # batched plain decoding: the baseline at the same batch size
         ctx.batch_drafters[kind] = [None] * max_batch_size(ctx.cfg)
-    if kind not in ctx.batch_drafters:  # one drafter (its own KV cache) per row, made once
+    if kind not in ctx.batch_drafters:  # one drafter (its own KV cache) per row, made once, guarded alone
         device = "fpga" if kind == "fpga" else ctx.draft_device
         options = fpga_options(ctx.devices) if kind == "fpga" else {}
         path = ctx.cfg.extra_drafts[plan.draft] if plan.draft else ctx.cfg.draft_model
-        ctx.batch_drafters[kind] = [make_drafter(path, device, ctx.dtype,
-                                                 ctx.engine.verifier.vocab_size, fast=False, **options)
+        ctx.batch_drafters[kind] = [ctx.engine.guard(make_drafter(path, device, ctx.dtype,
+                                                                  ctx.engine.verifier.vocab_size, fast=False,
+                                                                  **options), fallbacks=False)
                                     for _ in range(max_batch_size(ctx.cfg))]
     timeline = Timeline()
     results = run_batch(ctx.engine.verifier, ctx.batch_drafters[kind][:len(group)], [p["ids"] for p in group],
                         ctx.cfg.max_new_tokens, eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=ctx.cfg.seed + first,
                         draft_length=plan.draft_length, timeline=timeline)
-    events = [event_dict(e) for e in timeline.events]
+    events = [event_dict(e) for e in timeline.events] + [f.event().to_dict() for r in results for f in r.faults]
     return [Generation(plan.name, run, p["id"], len(p["ids"]), list(r.tokens), ctx.detokenize(r.tokens), r.stats(),
                        list(r.steps), events if i == 0 else [], batch_share=1 / len(group))
             for i, (p, r) in enumerate(zip(group, results, strict=True))]
@@ -353,7 +361,7 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
 
 def print_summary(results: RunResults, run_dir: Path) -> None:
     """One line per variant on stdout, then where the reports are."""
-    from dfvg.host.records import mean_std, tokens_per_second_by_run
+    from dfvg.host.records import fault_summary, mean_std, tokens_per_second_by_run
 
     base, _ = mean_std(tokens_per_second_by_run(results.baseline))
     for v in results.variants.values():
@@ -362,6 +370,8 @@ def print_summary(results: RunResults, run_dir: Path) -> None:
             continue
         tps, std = mean_std(tokens_per_second_by_run(v))
         speedup = tps / base if base else 0.0
-        print(f"{v.name:<14} {tps:8.3f} ± {std:.3f} tok/s  speedup {speedup:5.2f}x  (measured)")
+        faults = fault_summary(v)["draft_faults"]
+        print(f"{v.name:<14} {tps:8.3f} ± {std:.3f} tok/s  speedup {speedup:5.2f}x  (measured)"
+              + (f"  {faults} draft fault(s) survived" if faults else ""))
     print(f"reports: {run_dir}")
 
