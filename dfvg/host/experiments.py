@@ -50,7 +50,7 @@ from dfvg.host.projection import modeled_prefill_s, project_times
 from dfvg.host.records import Generation, RunResults, VariantResult
 from dfvg.host.resume import Progress
 from dfvg.host.timeline import Timeline
-from dfvg.outputs import check_writable
+from dfvg.outputs import check_writable, remove_stale_temps
 from dfvg.sampling import SamplingParams
 from dfvg.stats import Metric
 from dfvg.tokenizer import check_compatible, check_fits, encode, eos_token_ids, load_tokenizer
@@ -338,6 +338,14 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
     root = Path(output) if output else cfg.output_dir
     check_writable(root, "--output (or output_dir)")
     progress = Progress.of(cfg, root)
+    for swept in (root, progress.directory):  # what a killed earlier run left half-written
+        remove_stale_temps(swept)
+    done = progress.finished(root)
+    if done is not None:  # an earlier run of this command was killed once its reports were written
+        progress.clear()
+        print(f"already finished: an interrupted earlier run of the same command wrote {done}", file=sys.stderr)
+        print(f"reports: {done}")
+        return done
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     started = datetime.now(timezone.utc)
@@ -353,7 +361,7 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
         gpu_reason=nvml.reason, gpu_names=nvml.names,
         peak_rss_b=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0, notes=ctx.notes,
         warmup_s=ctx.warmup_s)
-    run_dir = reports.write_run_reports(results, root)
+    run_dir = reports.write_run_reports(results, root, before_rename=progress.finishing)
     progress.clear()
     print_summary(results, run_dir)
     return run_dir
