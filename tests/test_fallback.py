@@ -340,3 +340,30 @@ def test_auto_deadline_follows_measured_block_times():
     assert policy.deadline_s(deque([0.5]), startup=True) == policy.startup_deadline_s
     assert FaultPolicy(deadline=2.5).deadline_s(deque([9.0]), startup=False) == 2.5
     assert FaultPolicy(deadline="off").deadline_s(deque([0.1]), startup=False) is None
+
+
+def test_experiment_reports_every_fault_and_keeps_every_output(tiny_pair, tmp_path, monkeypatch):
+    """`dfvg run` with a failing draft device (each first drafter fails on its second proposal) and a fallback
+    on the FPGA datapath: every output equals the baseline's; performance_summary.json, generations.jsonl and
+    timeline.json record each fault."""
+    from dfvg.host.experiments import run_experiments
+    from tests.test_experiments import tiny_config
+
+    monkeypatch.setenv("DFVG_FAIL_DRAFT_AFTER", "2")
+    raw = tiny_config(tiny_pair, tmp_path, num_runs=1, num_prompts=2, variants=["baseline", "speculative", "fpga",
+                      "batch"], batch_sizes=[2], devices={"draft": "cpu", "faults": {"fallback": ["fpga"]}})
+    run_dir = run_experiments(raw)
+    summary = json.loads((run_dir / "performance_summary.json").read_text())
+    for name in ("speculative", "fpga", "batch:B=2:spec"):
+        entry = summary["variants"][name]
+        assert entry["acceptance"]["output_match_rate"]["value"] == 1.0, name
+        assert entry["faults"]["draft_faults"]["value"] >= 1 and entry["faults"]["events"], name
+        assert {"run", "prompt_id", "device", "error", "at_s", "tokens_without_draft"} <= set(
+            entry["faults"]["events"][0])
+    assert summary["variants"]["speculative"]["faults"]["events"][0]["fallback"] == "fpga"
+    assert summary["variants"]["batch:B=2:spec"]["faults"]["events"][0]["fallback"] == "target only"
+    rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
+    assert sum(r["stats"]["draft_faults"] for r in rows) == sum(
+        summary["variants"][n]["faults"]["draft_faults"]["value"] for n in ("speculative", "fpga", "batch:B=2:spec"))
+    events = [e for g in json.loads((run_dir / "timeline.json").read_text())["generations"] for e in g["events"]]
+    assert any(e["stage"] == "fault" and e["end"] >= e["start"] >= 0 for e in events)
