@@ -154,6 +154,7 @@ class Engine:
         key = (id(drafter), k)
         if key not in self.device_steps:
             self.device_steps[key] = DeviceStep(self.verifier, drafter, k, guard)
+        self.device_steps[key].guard = guard  # a caller may bring its own guard over the same drafter
         return self.device_steps[key]
 
     def warm_up(self, drafters: list[Drafter | None], prompt_ids: list[int], k_values: list[int],

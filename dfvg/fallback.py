@@ -114,6 +114,7 @@ class FaultInjection:
         self.fail_after, self.hang_after, self.hang_s = fail_after, hang_after, hang_s
         self.paused = False  # warm-up calls are not counted
         self.release = threading.Event()  # ends every injected hang early (tests)
+        self.counts: dict[int, int] = {}  # id(slot) -> proposals counted
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> FaultInjection | None:
@@ -129,8 +130,7 @@ class FaultInjection:
         """call, or call followed by the fault this proposal of `slot` is to suffer."""
         if self.paused:
             return call
-        slot.proposals += 1
-        n = slot.proposals
+        n = self.counts[id(slot)] = self.counts.get(id(slot), 0) + 1
         if n not in (self.fail_after, self.hang_after):
             return call
 
@@ -155,6 +155,7 @@ class DraftFault:
     lost_s: float  # from the start of the failed call to the fault's detection (measured)
     fallback: str  # who drafts from now on: a device, or "target only"
     utc: str  # wall-clock time of the detection
+    proposal: int  # the drafter's proposal (1, 2, ... in this process) that failed; 0: a prefill or rollback
     step: int = -1  # the verify step that took the fault (set by the engine's loop)
 
     def to_dict(self, tokens_without_draft: int) -> dict:
@@ -172,7 +173,7 @@ class Slot:
         self.failures, self.failed_at = 0, None
         self.abandoned: Future | None = None  # a call the watchdog gave up on (it may still be running)
         self.recent: deque = deque(maxlen=RECENT_BLOCKS)  # seconds of the last calls that returned
-        self.proposals = 0  # counted by the fault injection
+        self.proposals = 0  # calls to propose (or device steps drafting with it) so far
 
     def usable(self, now: float, policy: FaultPolicy) -> bool:
         if self.failed_at is None:
@@ -293,6 +294,7 @@ class GuardedDrafter:
         """(True, fn(live drafter)) under the watchdog, or (False, None) with the fault recorded."""
         slot = self.slots[self.current]
         call = lambda: fn(slot.drafter)  # noqa: E731
+        slot.proposals += proposal
         if proposal and self.injection is not None and slot is self.slots[0]:
             call = self.injection.wrap(slot, call)
         deadline = self.policy.deadline_s(slot.recent, startup) if watched else None
@@ -302,16 +304,17 @@ class GuardedDrafter:
         except UserError:
             raise  # a usage mistake (a bad k, a missing file), not a device fault: the user must see it
         except DeadlineMissed as missed:
-            self._fault(slot, "timeout", missed, start, missed.call)
+            self._fault(slot, "timeout", missed, start, missed.call, proposal)
             return False, None
         except Exception as error:  # any device error: XRT, CUDA (out of memory too), a driver's RuntimeError
-            self._fault(slot, "error", error, start, None)
+            self._fault(slot, "error", error, start, None, proposal)
             return False, None
         if proposal:
             slot.recent.append(time.perf_counter() - start)
         return True, value
 
-    def _fault(self, slot: Slot, kind: str, error: Exception, start: float, abandoned: Future | None) -> None:
+    def _fault(self, slot: Slot, kind: str, error: Exception, start: float, abandoned: Future | None,
+               proposal: bool) -> None:
         now = time.perf_counter()
         slot.fail(now, abandoned)
         self.synced.discard(self.current)
@@ -319,7 +322,7 @@ class GuardedDrafter:
         self.faults.append(DraftFault(
             slot.label, kind, f"{type(error).__name__}: {error}", start - self.origin, now - start,
             device_label(nxt) if nxt is not None else "target only",
-            datetime.now(timezone.utc).isoformat(timespec="milliseconds")))
+            datetime.now(timezone.utc).isoformat(timespec="milliseconds"), slot.proposals if proposal else 0))
 
 
 def take_faults(drafter: Drafter | None) -> list[DraftFault]:
