@@ -59,12 +59,11 @@ def faulty_engine(target, policy=QUICK, fallbacks=(), **injection) -> Engine:
     return engine
 
 
-class Stopped:
-    """Reference drafter: the inner drafter's blocks up to proposal `stop_at` - 1, then empty blocks, drawn
-    without touching the generator: what a guard must make of a drafter that fails at proposal `stop_at`."""
+class Counting:
+    """Wraps a drafter and counts its proposals (the subclasses act on the n-th)."""
 
-    def __init__(self, inner, stop_at: int):
-        self.inner, self.stop_at, self.calls = inner, stop_at, 0
+    def __init__(self, inner, at: int):
+        self.inner, self.at, self.calls = inner, at, 0
         self.device, self.cached_len = inner.device, 0
 
     def prefill(self, prompt_ids, max_seq_len):
@@ -73,30 +72,25 @@ class Stopped:
     def rollback(self, num_valid):
         self.inner.rollback(num_valid)
 
+
+class Stopped(Counting):
+    """Reference drafter: the inner drafter's blocks up to proposal `at` - 1, then empty blocks, drawn
+    without touching the generator: what a guard must make of a drafter that fails at proposal `at`."""
+
     def propose(self, context, k, sampling, generator):
         self.calls += 1
-        if self.calls >= self.stop_at:
+        if self.calls >= self.at:
             return DraftBlock([], None, 0.0)
         return self.inner.propose(context, k, sampling, generator)
 
 
-class MidBlockFailure:
-    """A torch drafter whose device dies in the middle of proposal `fail_at`, after drawing from the
-    generator and advancing its cache: what the engine discards must include that partial consumption."""
-
-    def __init__(self, inner, fail_at: int):
-        self.inner, self.fail_at, self.calls = inner, fail_at, 0
-        self.device, self.cached_len = inner.device, 0
-
-    def prefill(self, prompt_ids, max_seq_len):
-        self.inner.prefill(prompt_ids, max_seq_len)
-
-    def rollback(self, num_valid):
-        self.inner.rollback(num_valid)
+class MidBlockFailure(Counting):
+    """A torch drafter whose device dies in the middle of proposal `at`, after drawing from the generator
+    and advancing its cache: what the engine discards must include that partial consumption."""
 
     def propose(self, context, k, sampling, generator):
         self.calls += 1
-        if self.calls == self.fail_at:
+        if self.calls == self.at:
             self.inner.propose(context, max(1, k // 2), sampling, generator)
             torch.rand(3, generator=generator)
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
