@@ -247,10 +247,15 @@ def load_model_from(model):
     return copy.deepcopy(model)
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
 @pytest.mark.parametrize("injected", [{"fail_after": 2}, {"hang_after": 3}])
-def test_device_step_falls_back_to_the_host_step(tiny_pair, injected):
-    """The captured greedy step (CPU replays here) fails or hangs: that step and the rest go to the host step."""
-    model, draft = load_model(tiny_pair[0]), load_model(tiny_pair[1])
+def test_device_step_falls_back_to_the_host_step(tiny_pair, injected, device):
+    """The captured greedy step (real CUDA graphs on a GPU, plain replays on a CPU) fails or hangs: that step
+    and the rest of the generation go to the host step; fp32, so the tokens must equal the eager target's."""
+    model, draft = load_model(tiny_pair[0], device=device), load_model(tiny_pair[1], device=device)
     verifier = GraphVerifier(model, compile_blocks=False, cache_len=96)
     engine = faulty_engine(verifier, **injected)
     drafter = GraphDrafter(draft, 96, compile_blocks=False, cache_len=96)
