@@ -158,6 +158,7 @@ def test_run_all_killed_at_random_moments_resumes_to_the_same_result(tiny_pair, 
         done = subprocess.run(args, capture_output=True, text=True, cwd=workspace, env=ENV, timeout=300)
         assert done.returncode == 0, done.stderr
     [run] = check_nothing_half_written(root)
+    print(f"\nrun_all.py killed at {kills} s (an uninterrupted run takes {reference[2]:.1f} s)")
     assert [p.name for p in root.iterdir()] == [run.name], f"left behind after kills at {kills} s"
     assert outputs_of(run) == outputs_of(ref_run), kills
     for name in ("baseline", "speculative"):
