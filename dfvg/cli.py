@@ -63,6 +63,28 @@ def add_generate_parser(commands) -> None:
     gen.add_argument("--eager", action="store_true",
                      help="CUDA: run the eager torch step instead of CUDA graphs + fused layers (for debugging)")
     add_fpga_options(gen)
+    add_fault_options(gen)
+
+
+def add_fault_options(gen) -> None:
+    """What happens when the draft device fails (`dfvg.fallback.FaultPolicy`; YAML: a device config's `faults`)."""
+    faults = gen.add_argument_group("draft device faults (the output never changes; see dfvg/fallback.py)")
+    faults.add_argument("--draft-fallback", default="",
+                        help="comma-separated draft devices that take over, in order, when the draft device fails "
+                             "(same draft model; default: none, the target decodes alone)")
+    faults.add_argument("--draft-deadline", default="auto",
+                        help="watchdog per draft call: auto (20x the slowest recent block, >= 1 s), off, or seconds")
+    faults.add_argument("--draft-retry-after", type=float, default=None,
+                        help="seconds before a failed draft device is tried again (doubling); default: never")
+
+
+def fault_policy(args: argparse.Namespace):
+    """The FaultPolicy of the --draft-* flags."""
+    from dfvg.fallback import FaultPolicy, parse_deadline
+
+    fallback = tuple(d.strip() for d in args.draft_fallback.split(",") if d.strip())
+    return FaultPolicy(fallback=fallback, deadline=parse_deadline(args.draft_deadline),
+                       retry_after_s=args.draft_retry_after)
 
 
 def add_fpga_options(gen) -> None:
@@ -140,10 +162,13 @@ def run_generate(args: argparse.Namespace) -> dict:
 def stats_line(stats: dict) -> str:
     """The one human-readable line printed after the text (the full set is in --json's `stats`)."""
     acceptance = f"{stats['acceptance_rate']:.3f}" if stats["num_draft_tokens"] else "n/a (no draft)"
+    faults = stats["draft_faults"]
     return (f"[dfvg] {stats['num_new_tokens']} new tokens | {stats['tokens_per_second']:.2f} tok/s | "
             f"acceptance rate {acceptance} | mean accepted length {stats['mean_accepted_length']:.2f} "
             f"(bonus counted) | {stats['num_verify_steps']} verify steps"
-            + (f" | warm-up {stats['warmup_s']:.1f} s (graph capture, not in tok/s)" if stats["warmup_s"] else ""))
+            + (f" | warm-up {stats['warmup_s']:.1f} s (graph capture, not in tok/s)" if stats["warmup_s"] else "")
+            + (f" | {faults} draft fault(s) survived, {stats['tokens_without_draft']} tokens without the draft"
+               if faults else ""))
 
 
 def print_generation(payload: dict, as_json: bool) -> None:
@@ -163,13 +188,18 @@ def load_engine(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     from dfvg.tokenizer import check_compatible, load_tokenizer
 
     fast = not args.eager and args.tree is None  # a tree verifies on the eager model (no graph tree verify yet)
-    engine = Engine(load_verifier(args.target, device, dtype, fast, tensor_parallel))
+    policy = fault_policy(args)
+    verifier = load_verifier(args.target, device, dtype, fast, tensor_parallel)
     if args.no_draft:
-        return engine, None
+        return Engine(verifier, policy), None
     check_compatible(tokenizer, load_tokenizer(args.draft), args.draft)
-    draft_device = args.draft_device or args.device
-    options = fpga_options(args) if draft_device == "fpga" else {}
-    return engine, make_drafter(args.draft, draft_device, dtype, engine.verifier.vocab_size, fast, **options)
+
+    def drafter_on(draft_device: str):
+        options = fpga_options(args) if draft_device == "fpga" else {}
+        return make_drafter(args.draft, draft_device, dtype, verifier.vocab_size, fast, **options)
+
+    drafter = drafter_on(args.draft_device or args.device)
+    return Engine(verifier, policy, [drafter_on(d) for d in policy.fallback]), drafter
 
 
 def run_config(args: argparse.Namespace) -> None:

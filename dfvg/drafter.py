@@ -30,6 +30,7 @@ class DraftBlock:
     probs: Tensor | None
     elapsed_s: float
     modeled_s: float | None = None
+    without_draft: bool = False  # empty because the drafter failed (dfvg.fallback): the target decoded alone
 
 
 class Drafter(Protocol):
@@ -43,6 +44,11 @@ class Drafter(Protocol):
     ) -> DraftBlock: ...
 
     def rollback(self, num_valid: int) -> None: ...
+
+
+def device_label(drafter: Drafter) -> str:
+    """`fpga` for a board-backed drafter (it has a `board`), else its torch device: timelines and faults."""
+    return "fpga" if getattr(drafter, "board", None) is not None else str(drafter.device)
 
 
 class TorchDrafter:

@@ -11,6 +11,13 @@ which always ends in `dfvg.generate.decode` with one of its steps:
 - under `--tensor-parallel N` (torchrun), every rank runs this same loop on its `TensorParallelVerifier` shard,
   eagerly; the draft runs on rank 0 only and the other ranks receive its blocks (`dfvg.parallel`).
 
+Every step drafts through `Engine.guard(drafter)`, a `dfvg.fallback.GuardedDrafter` over the drafter and
+the engine's fallback drafters: a draft device that raises or hangs costs its block and the watchdog's
+deadline, then drafting continues on the next device or the target decodes alone, with the output of plain
+decoding. The guards share one health record per drafter (a device that failed for one variant failed for
+all) and the fault injection of the tests (`DFVG_FAIL_DRAFT_AFTER`, `DFVG_HANG_DRAFT_AFTER`), which warm-up
+calls do not count.
+
 Graph capture and compilation happen once per process, in `warm_up`, which returns its seconds so reports
 show them as `warmup_s` and never inside a prompt's tokens per second.
 """
@@ -18,7 +25,8 @@ show them as `warmup_s` and never inside a prompt's tokens per second.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -26,13 +34,14 @@ import torch
 from dfvg.checkpoint import load_model
 from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import Drafter, TorchDrafter
+from dfvg.fallback import FaultInjection, FaultPolicy, GuardedDrafter, Slot
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
 from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
 from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.batch import run_batch
-from dfvg.host.pipeline import device_label, run_pipeline
+from dfvg.host.pipeline import run_pipeline
 from dfvg.host.timeline import Timeline
 from dfvg.parallel.drafts import ReceivedDrafts, share_drafts
 from dfvg.parallel.group import TensorParallel, current
@@ -83,11 +92,15 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
 class Engine:
     """One loaded target and the steps built on it; reused for every prompt, variant and repetition."""
 
-    def __init__(self, verifier: Verifier):
+    def __init__(self, verifier: Verifier, faults: FaultPolicy | None = None, fallbacks: Sequence[Drafter] = ()):
         self.verifier = verifier
         self.device_steps: dict[tuple, DeviceStep] = {}  # (drafter id, k) -> its captured step
         self.device_rows: dict[tuple, DeviceRows] = {}  # (drafter id, k, rows) -> a batch's captured step
-        self.drafters: list[Drafter] = []  # every drafter decoded with, to size their caches too
+        self.drafters: list[Drafter] = list(fallbacks)  # every drafter decoded with, to size their caches too
+        self.faults, self.fallbacks = faults or FaultPolicy(), list(fallbacks)
+        self.injection = FaultInjection.from_env()
+        self.slots: dict[int, Slot] = {}  # drafter id -> its health, shared by every guard
+        self.guards: dict[tuple, GuardedDrafter] = {}  # (drafter id, with fallbacks) -> its guard
 
     @property
     def captures(self) -> bool:
@@ -109,6 +122,30 @@ class Engine:
             if isinstance(holder, (GraphVerifier, GraphDrafter)) and batch > 1:
                 holder.gm.ensure_cache(holder.min_cache_len, batch)
 
+    def guard(self, drafter: Drafter, fallbacks: bool = True) -> GuardedDrafter:
+        """The guarded drafter every step drafts through: `drafter`, then (with `fallbacks`) the engine's
+        fallback drafters. Batch rows take none: a fallback model keeps one sequence's cache."""
+        if isinstance(drafter, GuardedDrafter):
+            return drafter
+        key = (id(drafter), fallbacks)
+        if key not in self.guards:
+            chain = [drafter] + [d for d in self.fallbacks if d is not drafter and fallbacks]
+            slots = [self.slots.setdefault(id(d), Slot(d)) for d in chain]
+            self.guards[key] = GuardedDrafter(slots, self.faults, self.injection)
+        return self.guards[key]
+
+    @contextmanager
+    def warming(self) -> Iterator[None]:
+        """Warm-up calls: the fault injection does not count them (the N-th proposal is a timed one)."""
+        if self.injection is None:
+            yield
+            return
+        self.injection.paused = True
+        try:
+            yield
+        finally:
+            self.injection.paused = False
+
     def decode(self, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int, *, k: int,
                eos_ids: tuple[int, ...] | list[int] = (), sampling: SamplingParams | None = None, seed: int = 0,
                mode: str = "sync", timeline: Timeline | None = None,
@@ -118,20 +155,26 @@ class Engine:
         sampling = sampling or SamplingParams()
         k = k if drafter is not None else 0
         self._remember(drafter)
-        drafter = share_drafts(self.verifier, drafter)  # tensor parallel: rank 0 broadcasts its blocks
-        if drafter is not None and tree is not None:
+        shared = share_drafts(self.verifier, drafter)
+        if shared is not drafter or isinstance(drafter, ReceivedDrafts):  # tensor parallel: rank 0 broadcasts
+            # its blocks and every rank takes the same steps, so no rank may fall back on its own
+            step = HostStep(self.verifier, shared, sampling, torch.Generator().manual_seed(seed), timeline)
+            return decode(step, prompt_ids, max_new_tokens, k=k, eos_ids=eos_ids, context_limit=self.context_limit)
+        if drafter is not None and tree is not None:  # a tree drafts on the torch drafter itself (no fallback yet)
             step = tree_step(self.verifier, drafter, tree, sampling, seed, k)
             return decode(step, prompt_ids, max_new_tokens, k=step.depth, eos_ids=eos_ids,
                           context_limit=self.context_limit)
-        if drafter is not None and (mode != "sync" or adaptive is not None):
-            return run_pipeline(self.verifier, drafter, prompt_ids, max_new_tokens, eos_ids=eos_ids,
+        guard = self.guard(drafter) if drafter is not None else None
+        if guard is not None and (mode != "sync" or adaptive is not None):
+            return run_pipeline(self.verifier, guard, prompt_ids, max_new_tokens, eos_ids=eos_ids,
                                 sampling=sampling, seed=seed, draft_length=k, mode=mode, adaptive=adaptive,
                                 timeline=timeline)
-        if sampling.greedy and fits_device_step(self.verifier, drafter, len(prompt_ids), k):
-            step = self._device_step(drafter, k)
+        live = guard.select() if guard is not None else None  # the drafter that drafts now (None: target only)
+        on_device = guard is None or isinstance(live, GraphDrafter)
+        if sampling.greedy and on_device and fits_device_step(self.verifier, live, len(prompt_ids), k):
+            step = self._device_step(live, k, guard)
         else:
-            label = device_label(drafter) if drafter is not None else ""
-            step = HostStep(self.verifier, drafter, sampling, torch.Generator().manual_seed(seed), timeline, label)
+            step = HostStep(self.verifier, guard, sampling, torch.Generator().manual_seed(seed), timeline)
         return decode(step, prompt_ids, max_new_tokens, k=k, eos_ids=eos_ids, context_limit=self.context_limit)
 
     def batch_drafters(self, make: Callable[[], Drafter] | None, rows: int,
@@ -155,6 +198,8 @@ class Engine:
         fits = sampling.greedy and all(fits_device_step(self.verifier, shared, len(p), k) for p in prompts)
         rows = self._device_rows(shared, k, len(prompts)) if fits and (shared is not None or drafters[0] is None) \
             else None
+        if rows is None:  # host rows draft through guards of their own (a fallback model keeps one sequence)
+            drafters = [self.guard(d, fallbacks=False) if d is not None else None for d in drafters]
         return run_batch(self.verifier, drafters, prompts, max_new_tokens, eos_ids=eos_ids, sampling=sampling,
                          seed=seed, draft_length=k, timeline=timeline, device_rows=rows)
 
@@ -168,10 +213,11 @@ class Engine:
         if drafter is not None and all(d is not drafter for d in self.drafters):
             self.drafters.append(drafter)
 
-    def _device_step(self, drafter: GraphDrafter | None, k: int) -> DeviceStep:
+    def _device_step(self, drafter: GraphDrafter | None, k: int, guard: GuardedDrafter | None) -> DeviceStep:
         key = (id(drafter), k)
         if key not in self.device_steps:
-            self.device_steps[key] = DeviceStep(self.verifier, drafter, k)
+            self.device_steps[key] = DeviceStep(self.verifier, drafter, k, guard)
+        self.device_steps[key].guard = guard  # a caller may bring its own guard over the same drafter
         return self.device_steps[key]
 
     def warm_up(self, drafters: list[Drafter | None], prompt_ids: list[int], k_values: list[int],
@@ -186,9 +232,10 @@ class Engine:
         self.reserve(max_seq_len(len(prompt_ids), max_new_tokens, max(k_values, default=0)), batch)
         start = time.perf_counter()
         warm_prompt = prompt_ids[: max(2, min(len(prompt_ids), 24))]
-        for drafter in drafters:
-            for k in k_values if drafter is not None else [0]:
-                self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2), k=k)
+        with self.warming():
+            for drafter in drafters:
+                for k in k_values if drafter is not None else [0]:
+                    self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2), k=k)
         if isinstance(self.verifier, GraphVerifier):
             self.verifier.prepare(max(k_values, default=0) + 1)
         for drafter in self.drafters:

@@ -29,8 +29,9 @@ from typing import Protocol
 import torch
 
 from dfvg.devices import synchronize
-from dfvg.drafter import DraftBlock, Drafter
+from dfvg.drafter import DraftBlock, Drafter, device_label
 from dfvg.errors import UserError
+from dfvg.fallback import DraftFault, take_faults
 from dfvg.host.timeline import Timeline
 from dfvg.sampling import SamplingParams
 from dfvg.stats import (
@@ -39,6 +40,7 @@ from dfvg.stats import (
     accepted_length_histogram,
     mean_accepted_length,
     per_position_acceptance,
+    tokens_without_draft,
 )
 from dfvg.verifier import Verifier
 
@@ -53,6 +55,7 @@ class GenerationResult:
     decode_s: float = 0.0
     stopped_by: str = "max_new_tokens"
     warmup_s: float = 0.0  # one-off graph capture / compilation of this process, never inside tok/s
+    faults: list[DraftFault] = field(default_factory=list)  # drafting faults survived (dfvg.fallback)
 
     @property
     def hit_eos(self) -> bool:
@@ -68,6 +71,21 @@ class GenerationResult:
             self.stopped_by = "eos"
         self.tokens += committed
         return committed
+
+    def add_step(self, outcome: Outcome) -> None:
+        """Record a step and the drafting faults it took, stamped with its index."""
+        for fault in outcome.faults:
+            fault.step = len(self.steps)
+        self.steps.append(outcome.record())
+        self.faults += outcome.faults
+
+    def fault_records(self) -> list[dict]:
+        """Each fault with the tokens decoded without a draft from its step until the next fault (or the end)."""
+        if not self.faults:
+            return []
+        ends = [f.step for f in self.faults[1:]] + [len(self.steps)]
+        return [f.to_dict(tokens_without_draft(self.steps[f.step:end]))
+                for f, end in zip(self.faults, ends, strict=True)]
 
     def stats(self) -> dict:
         """The canonical metrics of this generation (see dfvg/stats.py for definitions)."""
@@ -91,6 +109,9 @@ class GenerationResult:
             "per_position_acceptance": per_position_acceptance(self.steps),
             "accepted_length_histogram": accepted_length_histogram(self.steps),
             "stopped_by": self.stopped_by,
+            "draft_faults": len(self.faults),
+            "tokens_without_draft": tokens_without_draft(self.steps),
+            "faults": self.fault_records(),
         }
 
 
@@ -102,6 +123,7 @@ class Outcome:
     num_accepted: int
     next_token: int
     verify_s: float
+    faults: list[DraftFault] = field(default_factory=list)  # drafting faults taken during this step
 
     @property
     def committed(self) -> list[int]:
@@ -109,11 +131,12 @@ class Outcome:
 
     def record(self) -> StepRecord:
         b = self.block
-        return StepRecord(len(b.tokens), self.num_accepted, b.elapsed_s, self.verify_s, b.modeled_s)
+        return StepRecord(len(b.tokens), self.num_accepted, b.elapsed_s, self.verify_s, b.modeled_s, b.without_draft)
 
 
 class Step(Protocol):
-    """One device implementation of propose -> verify -> accept (the loop commits)."""
+    """One device implementation of propose -> verify -> accept (the loop commits). A step that drafts
+    through a `dfvg.fallback.GuardedDrafter` hands the faults it took to the loop in its `Outcome`."""
 
     device: torch.device
 
@@ -141,14 +164,13 @@ class HostStep:
     `accept_block` decides. With a timeline, each stage is recorded as a measured event."""
 
     def __init__(self, verifier: Verifier, drafter: Drafter | None, sampling: SamplingParams,
-                 rng: torch.Generator, timeline: Timeline | None = None, draft_label: str = "",
+                 rng: torch.Generator, timeline: Timeline | None = None,
                  shape: Callable[[DraftBlock], DraftBlock] | None = None):
         self.verifier, self.drafter, self.sampling, self.rng = verifier, drafter, sampling, rng
         self.shape = shape  # e.g. the adaptive policy's cut at low confidence (dfvg.host.pipeline)
         self.device = verifier.device
         self.timeline = timeline
         self.clock = timeline.now if timeline is not None else time.perf_counter
-        self.draft_label = draft_label or (str(drafter.device) if drafter is not None else "")
         self.steps = 0
 
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
@@ -163,7 +185,7 @@ class HostStep:
         if self.timeline is not None:
             self.timeline.record("prefill", str(self.device), start, verified, len(prompt_ids) - 1)
             if self.drafter is not None:
-                self.timeline.record("prefill", self.draft_label, verified, self.clock(), len(prompt_ids) - 1)
+                self.timeline.record("prefill", device_label(self.drafter), verified, self.clock(), len(prompt_ids) - 1)
 
     def __call__(self, seq: list[int], k: int) -> Outcome:
         start = self.clock()
@@ -179,12 +201,12 @@ class HostStep:
         if self.timeline is not None:
             self._record(start, verify_start, end, block, num_accepted)
         self.steps += 1
-        return Outcome(block, num_accepted, next_token, end - verify_start)
+        return Outcome(block, num_accepted, next_token, end - verify_start, take_faults(self.drafter))
 
     def _record(self, start: float, verify_start: float, end: float, block: DraftBlock, num_accepted: int) -> None:
-        if block.tokens:
-            self.timeline.record("draft", self.draft_label, start, verify_start, len(block.tokens), self.steps,
-                                 modeled_s=block.modeled_s)
+        if block.tokens:  # labelled when drafted: a guarded drafter's device changes after a fault
+            self.timeline.record("draft", device_label(self.drafter), start, verify_start, len(block.tokens),
+                                 self.steps, modeled_s=block.modeled_s)
         self.timeline.record("verify", str(self.device), verify_start, end, len(block.tokens) + 1, self.steps)
 
 
@@ -236,7 +258,7 @@ def decode(
     while len(result.tokens) < max_new_tokens and not result.hit_eos:
         planned = min(next_k.k, k) if next_k is not None else k
         outcome = step(seq, step_length(planned, len(result.tokens), max_new_tokens))
-        result.steps.append(outcome.record())
+        result.add_step(outcome)
         if next_k is not None:
             next_k.update(len(outcome.block.tokens), outcome.num_accepted)
         seq += result.commit(outcome.committed, eos, max_new_tokens)

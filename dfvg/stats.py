@@ -5,7 +5,9 @@ Definitions (used by the CLI, the runtime and every report):
 - mean accepted length tau = tokens committed per verification step, *counting the bonus/correction token*
   (so plain decoding has tau = 1 and a fully accepted block of k has tau = k + 1);
 - per-position acceptance[i] = P(draft i accepted | draft i proposed);
-- accepted-length histogram[a] = number of steps that accepted exactly a drafts.
+- accepted-length histogram[a] = number of steps that accepted exactly a drafts;
+- tokens without the draft = tokens committed by steps that verified no drafts because the drafter had
+  failed (dfvg.fallback): the cost of draft faults, in tokens the target decoded alone.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class StepRecord:
     draft_s: float = 0.0
     verify_s: float = 0.0
     modeled_draft_s: float | None = None
+    without_draft: bool = False  # no drafts because the drafter had failed (dfvg.fallback)
 
 
 def acceptance_rate(steps: Sequence[StepRecord]) -> float:
@@ -71,3 +74,8 @@ def accepted_length_histogram(steps: Sequence[StepRecord]) -> list[int]:
     for step in steps:
         histogram[step.num_accepted] += 1
     return histogram
+
+
+def tokens_without_draft(steps: Sequence[StepRecord]) -> int:
+    """Tokens committed by steps whose drafter had failed (each such step commits the target's one token)."""
+    return sum(step.num_accepted + 1 for step in steps if step.without_draft)

@@ -84,6 +84,9 @@ def inputs(tmp_path_factory, tiny_pair) -> Path:
                "xrt": {"devices": {"draft": "fpga", "fpga": {"mode": "xrt"}}},
                "tp": {"tensor_parallel": 2}, "tpzero": {"tensor_parallel": 0},
                "tpoverlap": {"tensor_parallel": 2, "variants": ["baseline", "overlap"]},
+               "faultkey": {"devices": {"faults": {"colour": "red"}}},
+               "faultretry": {"devices": {"faults": {"retry_after_s": 0}}},
+               "faultdevice": {"devices": {"faults": {"fallback": ["tpu0"]}}},
                "ok": {}, "long-run": {"num_prompts": 2, "max_new_tokens": 150, "num_runs": 3, "name": "long-run"}}
     for name, extra in configs.items():
         text = "target_model: [unclosed\n" if extra is None else yaml.safe_dump({**base, **extra})
@@ -196,6 +199,14 @@ CASES: dict[str, Case] = {
                                            skip="this machine has 8 GPUs" if torch.cuda.device_count() >= 8 else ""),
     "tensor-parallel-without-torchrun": Case(gen("--target", "target", "--no-draft", "--tensor-parallel", "2"),
                                              "start it as torchrun --nproc-per-node 2 -m dfvg"),
+    "draft-deadline-word": Case(gen("--target", "target", "--draft", "draft", "--draft-deadline", "soon"),
+                               "--draft-deadline must be auto, off or a number of seconds > 0, got 'soon'"),
+    "draft-deadline-negative": Case(gen("--target", "target", "--draft", "draft", "--draft-deadline", "-1"),
+                                   "faults.deadline (--draft-deadline), when not auto or off, must be a number"),
+    "draft-retry-after-zero": Case(gen("--target", "target", "--draft", "draft", "--draft-retry-after", "0"),
+                                   "faults.retry_after_s (--draft-retry-after) must be a number of seconds > 0"),
+    "draft-fallback-unknown": Case(gen("--target", "target", "--draft", "draft", "--draft-fallback", "tpu0"),
+                                   "unknown device 'tpu0'"),
     # dfvg run / run_experiments.py: configs
     "yaml-syntax-error": Case(run("syntax"), "syntax.yaml is not valid YAML at line 2"),
     "config-unknown-key": Case(run("unknown"), "unknown key 'colour'"),
@@ -217,6 +228,9 @@ CASES: dict[str, Case] = {
     "run-tensor-parallel-overlap": Case(run("tpoverlap"), "tensor_parallel 2 runs the sync schedule at batch 1; "
                                                           "drop variants overlap"),
     "run-tensor-parallel-without-torchrun": Case(run("tp"), "tensor_parallel 2 needs one process per rank"),
+    "faults-unknown-key": Case(run("faultkey"), "unknown key faults.colour (allowed: fallback, deadline"),
+    "faults-zero-retry": Case(run("faultretry"), "faults.retry_after_s (--draft-retry-after) must be a number"),
+    "faults-unknown-fallback": Case(run("faultdevice"), "faults.fallback: unknown device 'tpu0'"),
     "output-through-a-file": Case(run("ok", "--output", "afile/results"),
                                   "afile is a file; pass a writable directory as --output"),
     "output-on-proc": Case(run("ok", "--output", "/proc/dfvg-results"), "/proc/dfvg-results is not writable"),

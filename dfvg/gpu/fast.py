@@ -18,8 +18,11 @@ Why the catch-up is always two tokens, whatever a row accepted: after a step tha
 the draft cache holds the drafts fed at the step's positions; the first n are committed, so everything
 before the new last two committed tokens is valid, and those two are fed again (n = k included: the k-th
 draft was never fed). The graph has one shape and always drafts k; tokens committed past max_new_tokens are
-cut by the loop. Greedy output equals the host step's up to bf16 rounding on a GPU (a near-tie may flip);
-on a CPU (tests) the same bodies run eagerly.
+cut by the loop. A single sequence's replay is a proposal of the guarded drafter (`dfvg.fallback`): when it
+raises or misses the watchdog's deadline, that step and the rest of the generation run on the host step over
+the same guard, which drafts with the next drafter of its chain or none (the target's cache is
+position-indexed: the host step's verify overwrites what the failed replay wrote). Greedy output equals the
+host step's up to bf16 rounding on a GPU (a near-tie may flip); on a CPU (tests) the same bodies run eagerly.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import torch
 from torch import Tensor
 
 from dfvg.drafter import DraftBlock
-from dfvg.generate import Outcome
+from dfvg.fallback import GuardedDrafter, take_faults
+from dfvg.generate import GREEDY, HostStep, Outcome
 from dfvg.gpu.graphs import VERIFY_ROWS, GraphDrafter, GraphModel, GraphVerifier, draft_body
 from dfvg.gpu.kernels import greedy_accept
 
@@ -69,6 +73,7 @@ class DeviceRows:
         self.k = k if drafter is not None else 0
         self.graph = None
         self._cache_ids: tuple = ()
+        self.host: HostStep | None = None  # after a fault: this generation's remaining steps
 
     def holders(self) -> list[GraphVerifier | GraphDrafter]:
         """The graph models this step replays over, with their cache-size floors (`min_cache_len`)."""
@@ -115,23 +120,45 @@ class DeviceRows:
 class DeviceStep:
     """The engine's step for one sequence on a graph verifier and a graph drafter (or none): one replay."""
 
-    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | None, k: int):
+    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | None, k: int,
+                 guard: GuardedDrafter | None = None):
         self.rows = DeviceRows(verifier, drafter, k, 1)
         self.verifier, self.drafter, self.device = verifier, drafter, verifier.device
+        self.guard = guard  # drafter is the guard's live drafter
+        self.host: HostStep | None = None  # after a fault: this generation's remaining steps
 
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
         """Both caches take the prompt; then the captured step starts from its last two tokens."""
         if len(prompt_ids) < 2 and self.rows.k:
             raise ValueError("DeviceStep drafts from the token before the last one: use HostStep for 1-token prompts")
         self.verifier.prefill(prompt_ids, max_seq_len)
-        if self.drafter is not None:
+        self.host = None
+        if self.guard is not None:
+            self.guard.prefill(prompt_ids, max_seq_len)
+            if self.guard.live is not self.drafter:  # it failed to prefill: the host step drafts with the next
+                self._to_host()
+                return
+        elif self.drafter is not None:
             self.drafter.prefill(prompt_ids, max_seq_len)
         self.rows.start([prompt_ids])
 
     def __call__(self, seq: list[int], k: int) -> Outcome:
-        start = time.perf_counter()
-        num, nxt, *drafts = self.rows.replay()[0]
-        return Outcome(DraftBlock(drafts, None, 0.0), num, nxt, time.perf_counter() - start)
+        if self.host is None:
+            start = time.perf_counter()
+            ok, record = self.guard.run(self._replay) if self.guard is not None else (True, self._replay())
+            if ok:
+                num, nxt, *drafts = record
+                return Outcome(DraftBlock(drafts, None, 0.0), num, nxt, time.perf_counter() - start,
+                               take_faults(self.guard))
+            self._to_host()
+        return self.host(seq, k)
+
+    def _replay(self) -> list[int]:
+        return self.rows.replay()[0]
+
+    def _to_host(self) -> None:
+        """Continue this generation on the host step: both caches are filled, the guard knows the fault."""
+        self.host = HostStep(self.verifier, self.guard, GREEDY, torch.Generator())
 
 
 def fits_device_step(verifier: object, drafter: object, prompt_len: int, k: int) -> bool:

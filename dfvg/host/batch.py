@@ -21,8 +21,10 @@ eager batched forward) and `DeviceBatchStep` (greedy on graph models: the whole 
 graph replay of `dfvg.gpu.fast.DeviceRows`, the same body the single-sequence device step replays).
 
 Every rule that decides a row's step comes from the engine (`dfvg.generate`): the step length
-(`step_length`), the cache size (`max_seq_len`), the step record (`Outcome.record`), the commit with its
-EOS and length cut (`GenerationResult.commit`) and the drafter's rollback position.
+(`step_length`), the cache size (`max_seq_len`), the step record (`GenerationResult.add_step`), the commit
+with its EOS and length cut (`GenerationResult.commit`) and the drafter's rollback position. A row whose
+drafter is guarded (`dfvg.engine.Engine.guard(d, fallbacks=False)`) survives its drafter's faults like a
+single sequence: that row verifies no drafts from then on (its own generator untouched), the others go on.
 
 Does not own: the single-sequence schedules (dfvg.host.pipeline), acceptance, the drafters.
 """
@@ -40,6 +42,7 @@ from dfvg.acceptance import accept_block
 from dfvg.devices import synchronize
 from dfvg.drafter import DraftBlock, Drafter
 from dfvg.errors import UserError
+from dfvg.fallback import take_faults
 from dfvg.generate import GREEDY, GenerationResult, Outcome, check_lengths, max_seq_len, propose, step_length
 from dfvg.gpu.fast import DeviceRows
 from dfvg.host.timeline import Timeline
@@ -108,7 +111,7 @@ def batched_verify(verifier: TorchVerifier, rows: list[Row], blocks: list[DraftB
 def commit_row(row: Row, outcome: Outcome, eos: set[int], max_new_tokens: int) -> None:
     if row.drafter is not None:
         row.drafter.rollback(len(row.seq) + outcome.num_accepted)  # the engine's contract, as in HostStep
-    row.result.steps.append(outcome.record())
+    row.result.add_step(outcome)
     row.seq += row.result.commit(outcome.committed, eos, max_new_tokens)
     row.done = row.result.hit_eos or len(row.result.tokens) >= max_new_tokens
 
@@ -135,7 +138,8 @@ class HostBatchStep:
 
     def prefill(self, rows: list[Row], cache_len: int) -> None:
         real = [row.drafter for row in rows if row.drafter is not None]
-        if len({id(getattr(d, "model", d)) for d in real}) != len(real):
+        models = [getattr(d, "model", None) for d in real]  # a guarded drafter whose drafters all failed has none
+        if len({id(d if m is None else m) for d, m in zip(real, models, strict=True)}) != len(real):
             raise UserError("run_batch drafters must not share a model (each keeps its own KV cache); "
                             "pass a drafter_factory that loads one model per sequence")
         self.verifier.model.setup_cache(len(rows), cache_len)
@@ -150,7 +154,7 @@ class HostBatchStep:
             start = timeline.now()
             row_k = step_length(k, len(row.result.tokens), max_new_tokens)
             blocks.append(propose(row.drafter, row.seq, row_k, self.sampling, row.rng))
-            if row.drafter is not None:
+            if blocks[-1].tokens:
                 timeline.record("draft", str(row.drafter.device), start, timeline.now(), len(blocks[-1].tokens), step)
         start = timeline.now()
         logits = batched_verify(self.verifier, rows, blocks)  # [B, T, V]
@@ -161,7 +165,8 @@ class HostBatchStep:
                    for i, (row, b) in enumerate(zip(rows, blocks, strict=True))]
         end = timeline.now()
         timeline.record("accept", str(self.device), scored, end, sum(a + 1 for a, _ in decided), step)
-        return [Outcome(block, num, nxt, end - start) for block, (num, nxt) in zip(blocks, decided, strict=True)]
+        return [Outcome(block, num, nxt, end - start, take_faults(row.drafter))
+                for row, block, (num, nxt) in zip(rows, blocks, decided, strict=True)]
 
     def leave(self, rows: list[Row], keep: list[int]) -> None:
         compact_cache(self.verifier.model, keep)

@@ -1,9 +1,11 @@
 """The device mapping YAML (`configs/device_config.yaml`) -> a frozen `DeviceConfig`, refusing mistakes in one line.
 
 Owns: which device drafts (`fpga`, `cpu`, `cuda:N`), which verifies (`cpu`, `cuda:N`), the pipeline schedule
-(`sync` | `overlap`), the FPGA options (board, emulate | xrt, xclbin, weight bits) and the optional adaptive
-draft-length options. Every key is checked against this machine: a `cuda:N` that is not here, an `xrt` mode
-without its xclbin file, an unknown key, each is refused with one line naming the key and what is allowed.
+(`sync` | `overlap`), the FPGA options (board, emulate | xrt, xclbin, weight bits), the optional adaptive
+draft-length options and what happens when the draft device fails (`faults`: fallback devices, watchdog
+deadline, retry back-off; `dfvg.fallback.FaultPolicy`). Every key is checked against this machine: a
+`cuda:N` that is not here, an `xrt` mode without its xclbin file, an unknown key, each is refused with one
+line naming the key and what is allowed.
 
 Does not own: model paths and experiment knobs (`dfvg.host.experiment_config`), building drafters
 (`dfvg.engine.make_drafter`), the adaptive policy itself (`dfvg.host.adaptive`).
@@ -19,6 +21,7 @@ from typing import Any
 from dfvg.config_file import read_yaml
 from dfvg.devices import resolve_device
 from dfvg.errors import UserError
+from dfvg.fallback import FaultPolicy
 from dfvg.fpga.board.boards import BOARDS as BOARD_TABLE
 from dfvg.fpga.datapath.drafter import BITS, MODES, FpgaOptions
 
@@ -46,9 +49,10 @@ class DeviceConfig:
     fpga: FpgaOptions | None = None  # set when draft is fpga or the file has an fpga: section
     adaptive: AdaptiveConfig | None = None  # None: fixed draft length
     source: str = "<dict>"
+    faults: FaultPolicy = FaultPolicy()  # a failed or hung draft device: fallback, watchdog, retry
 
 
-TOP_KEYS = ("draft", "verify", "pipeline", "fpga", "adaptive")
+TOP_KEYS = ("draft", "verify", "pipeline", "fpga", "adaptive", "faults")
 
 
 def _fail(source: str, key: str, allowed: str, value: Any) -> UserError:
@@ -133,6 +137,20 @@ def parse_adaptive(raw: Any, source: str) -> AdaptiveConfig:
     return AdaptiveConfig(k_min, k_max, grow, shrink, threshold)
 
 
+def parse_faults(raw: Any, source: str) -> FaultPolicy:
+    values = dict(_section(raw, FaultPolicy, "faults", source))
+    fallback = values.get("fallback", [])
+    if isinstance(fallback, str):
+        fallback = [fallback]
+    if not isinstance(fallback, list):
+        raise _fail(source, "faults.fallback", "a list of draft devices (fpga, cpu, cuda:N)", fallback)
+    values["fallback"] = tuple(_device(d, "faults.fallback", source, allow_fpga=True) for d in fallback)
+    try:
+        return FaultPolicy(**values)
+    except (UserError, TypeError) as err:
+        raise UserError(f"{source}: {err}") from None
+
+
 def build_device_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None) -> DeviceConfig:
     """Validate a raw mapping into a DeviceConfig (devices checked against this machine)."""
     for key in raw:
@@ -147,7 +165,8 @@ def build_device_config(raw: dict, source: str = "<dict>", base_dir: Path | None
     adaptive = None
     if raw.get("adaptive") not in (None, False):
         adaptive = parse_adaptive(raw["adaptive"], source)
-    return DeviceConfig(draft, verify, pipeline, fpga, adaptive, source)
+    faults = parse_faults(raw["faults"], source) if raw.get("faults") is not None else FaultPolicy()
+    return DeviceConfig(draft, verify, pipeline, fpga, adaptive, source, faults)
 
 
 def load_device_config(source: str | Path | dict | DeviceConfig) -> DeviceConfig:

@@ -13,8 +13,8 @@ Variants: `baseline` (the target alone, autoregressive, measured in this same pr
 board-modeled draft times), `overlap` (draft and verify overlapped by the host runtime), `adaptive`
 (overlap with the runtime's adaptive draft length), `sweep` (sync speculative at each draft length).
 
-Does not own: the config format (`experiment_config`), the decoding loop and its steps (`dfvg.generate`,
-`dfvg.engine`, `dfvg.host.pipeline`), report formats (`dfvg.reports`).
+Does not own: the config format (`experiment_config`), loading models and prompts (`context`), the decoding
+loop and its steps (`dfvg.generate`, `dfvg.engine`, `dfvg.host.pipeline`), report formats (`dfvg.reports`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -34,126 +33,21 @@ import torch
 from tqdm import tqdm
 
 from dfvg import reports
-from dfvg.checkpoint import load_config, resolve_dtype
-from dfvg.datasets import load_prompts
-from dfvg.devices import resolve_device
 from dfvg.energy import EnergyMeter, Nvml
-from dfvg.engine import Engine, load_verifier, make_drafter
-from dfvg.fpga.board.boards import get_board
-from dfvg.fpga.board.latency import DesignParams
-from dfvg.fpga.board.workload import draft_workload
-from dfvg.fpga.datapath.drafter import FpgaOptions
+from dfvg.engine import make_drafter
 from dfvg.generate import GenerationResult, max_seq_len
 from dfvg.gpu.graphs import GraphDrafter
 from dfvg.host.adaptive import AdaptiveDraftLength
-from dfvg.host.device_config import AdaptiveConfig, DeviceConfig, load_device_config
+from dfvg.host.context import Context, build_context, drafter_of, fpga_options
+from dfvg.host.device_config import AdaptiveConfig
 from dfvg.host.experiment_config import ExperimentConfig, load_experiment_config
 from dfvg.host.plans import DESCRIPTIONS, Plan, batch_size_of, max_batch_size, plans
 from dfvg.host.projection import modeled_prefill_s, project_times
 from dfvg.host.records import Generation, RunResults, VariantResult
 from dfvg.host.resume import Progress
 from dfvg.host.timeline import Timeline
-from dfvg.outputs import check_writable
+from dfvg.outputs import check_writable, remove_stale_temps
 from dfvg.parallel import group
-from dfvg.sampling import SamplingParams
-from dfvg.stats import Metric
-from dfvg.tokenizer import check_compatible, check_fits, encode, eos_token_ids, load_tokenizer
-from dfvg.tokenizer import decode as decode_text
-
-
-@dataclass
-class Context:
-    """Loaded models and encoded prompts of one experiment."""
-
-    cfg: ExperimentConfig
-    nvml: Nvml
-    tokenizer: Any
-    prompts: list[dict]  # {"id", "prompt", "ids"}
-    engine: Engine
-    eos_ids: list[int]
-    sampling: SamplingParams
-    draft_device: str
-    verify_device: str
-    devices: DeviceConfig | None = None
-    torch_drafter: Any = None
-    extra_drafters: dict = field(default_factory=dict)  # extra_drafts name -> its drafter
-    fpga_drafter: Any = None
-    fpga_power: Metric | None = None
-    board: Any = None
-    fpga_workload: Any = None
-    fpga_design: Any = None
-    dtype: torch.dtype = torch.float32
-    warmup_s: float = 0.0
-    batch_drafters: dict = field(default_factory=dict)  # drafter kind -> one drafter per batch row
-    notes: list[str] = field(default_factory=list)
-
-    def detokenize(self, tokens: list[int]) -> str:
-        return decode_text(self.tokenizer, tokens)
-
-
-def fpga_options(devices: DeviceConfig) -> dict:
-    """FpgaDrafter options from the device config's fpga section (defaults when it has none)."""
-    fpga = devices.fpga or FpgaOptions()
-    return {k: v for k, v in dataclasses.asdict(fpga).items() if v is not None}
-
-
-def load_prompts_ids(cfg: ExperimentConfig, tokenizer: Any) -> list[dict]:
-    prompts = load_prompts(cfg.dataset, cfg.num_prompts)
-    return [{**p, "ids": encode(tokenizer, p["prompt"])} for p in prompts]
-
-
-def load_fpga(cfg: ExperimentConfig, ctx: Context, dtype: torch.dtype, options: dict) -> None:
-    """The FPGA drafter (when a variant drafts on it), its board and the resource-estimate inputs."""
-    draft_cfg = load_config(cfg.draft_model)
-    board_name = options.pop("board", "u280")
-    if any(p.drafter == "fpga" for p in plans(cfg)):
-        ctx.fpga_drafter = make_drafter(cfg.draft_model, "fpga", dtype, ctx.engine.verifier.vocab_size,
-                                        board=board_name, **options)
-    drafter = ctx.fpga_drafter
-    ctx.board = getattr(drafter, "board", None) or get_board(board_name)
-    ctx.fpga_design = getattr(drafter, "design", None) or DesignParams()
-    bits, group = options.get("bits", 8), options.get("group_size", 128)
-    ctx.fpga_workload = getattr(drafter, "workload", None) or draft_workload(draft_cfg, bits, group)
-    b = ctx.board
-    ctx.fpga_power = Metric(b.power_w, "W", b.power_provenance, f"{b.name}: {b.power_source}")
-
-
-def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
-    """Load tokenizer, prompts, target and drafters once for the whole experiment."""
-    devices = load_device_config(cfg.devices)
-    draft_device, verify_device = devices.draft, devices.verify
-    tokenizer = load_tokenizer(cfg.target_model)
-    if cfg.uses_draft:
-        check_compatible(tokenizer, load_tokenizer(cfg.draft_model), cfg.draft_model)
-    prompts = load_prompts_ids(cfg, tokenizer)
-    check_fits(prompts, cfg.max_new_tokens, load_config(cfg.target_model).max_position_embeddings, cfg.dataset)
-    tensor_parallel = group.start(cfg.tensor_parallel, verify_device, cfg.target_model,
-                                  flag=f"{cfg.source}: tensor_parallel")
-    device = tensor_parallel.device if tensor_parallel else resolve_device(verify_device)
-    dtype = resolve_dtype(cfg.dtype if cfg.dtype != "auto" else
-                          ("bfloat16" if device.type == "cuda" else "float32"))
-    engine = Engine(load_verifier(cfg.target_model, device, dtype, fast=not cfg.eager, tensor_parallel=tensor_parallel))
-    ctx = Context(cfg, nvml, tokenizer, prompts, engine, eos_token_ids(cfg.target_model),
-                  SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p),
-                  draft_device if draft_device != "fpga" else verify_device, verify_device, devices)
-    if any(p.drafter == "torch" for p in plans(cfg)):
-        ctx.torch_drafter = make_drafter(cfg.draft_model, ctx.draft_device, dtype, engine.verifier.vocab_size,
-                                         fast=not cfg.eager)
-    if "speculative" in cfg.variants:
-        for name, path in cfg.extra_drafts.items():
-            check_compatible(tokenizer, load_tokenizer(path), path)
-            ctx.extra_drafters[name] = make_drafter(path, ctx.draft_device, dtype, engine.verifier.vocab_size,
-                                                    fast=not cfg.eager)
-    if cfg.draft_model is not None:
-        load_fpga(cfg, ctx, dtype, fpga_options(devices))
-    ctx.dtype = dtype
-    return ctx
-
-
-def drafter_of(plan: Plan, ctx: Context) -> Any:
-    if plan.draft:
-        return ctx.extra_drafters[plan.draft]
-    return {"none": None, "torch": ctx.torch_drafter, "fpga": ctx.fpga_drafter}[plan.drafter]
 
 
 def decode(plan: Plan, ctx: Context, ids: list[int], seed: int,
@@ -168,10 +62,11 @@ def decode(plan: Plan, ctx: Context, ids: list[int], seed: int,
     result = ctx.engine.decode(drafter, ids, max_new_tokens or ctx.cfg.max_new_tokens, k=plan.draft_length,
                                eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=seed, mode=mode,
                                timeline=timeline, adaptive=adaptive, tree=tree)
+    faults = [f.event().to_dict() for f in result.faults]
     if timeline.events:
-        return result, [event_dict(e) for e in timeline.events]
+        return result, [event_dict(e) for e in timeline.events] + faults
     draft_device = "fpga" if plan.drafter == "fpga" else ctx.draft_device
-    return result, step_timeline(result, draft_device, ctx.verify_device)  # a device step: one event per step
+    return result, step_timeline(result, draft_device, ctx.verify_device) + faults  # a device step: one per step
 
 
 def event_dict(event: Any) -> dict:
@@ -236,15 +131,18 @@ def warm_up(plans_: list[Plan], ctx: Context) -> float:
     seconds = ctx.engine.warm_up(drafters, longest, largest_k(plans_, ctx), ctx.cfg.max_new_tokens,
                                  batch=max_batch_size(ctx.cfg))
     start = time.perf_counter()
-    for plan in plans_:
-        if batch_size_of(plan, ctx.cfg) == 1:
-            decode(plan, ctx, longest[:24], seed=0, max_new_tokens=min(plan.draft_length + 3, ctx.cfg.max_new_tokens))
-    sizes = {(p.name, min(p.batch_size or ctx.cfg.batch_size, end - first))
-             for p, first, end in schedule(plans_, ctx.cfg, len(ctx.prompts))}
-    for plan in plans_:
-        for rows in sorted(b for name, b in sizes if name == plan.name and b > 1):  # each batch shape it replays
-            group = [{"id": "warm-up", "ids": longest[:24]}] * rows
-            decode_batch(plan, ctx, group, 0, 0, max_new_tokens=min(plan.draft_length + 3, ctx.cfg.max_new_tokens))
+    with ctx.engine.warming():
+        for plan in plans_:
+            if batch_size_of(plan, ctx.cfg) == 1:
+                decode(plan, ctx, longest[:24], seed=0,
+                       max_new_tokens=min(plan.draft_length + 3, ctx.cfg.max_new_tokens))
+        sizes = {(p.name, min(p.batch_size or ctx.cfg.batch_size, end - first))
+                 for p, first, end in schedule(plans_, ctx.cfg, len(ctx.prompts))}
+        for plan in plans_:
+            for rows in sorted(b for name, b in sizes if name == plan.name and b > 1):  # each batch shape
+                warm_group = [{"id": "warm-up", "ids": longest[:24]}] * rows
+                decode_batch(plan, ctx, warm_group, 0, 0,
+                             max_new_tokens=min(plan.draft_length + 3, ctx.cfg.max_new_tokens))
     return seconds + time.perf_counter() - start
 
 
@@ -316,7 +214,7 @@ def decode_batch(plan: Plan, ctx: Context, group: list[dict], first: int, run: i
                                       max_new_tokens or ctx.cfg.max_new_tokens, k=plan.draft_length,
                                       eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=ctx.cfg.seed + first,
                                       timeline=timeline)
-    events = [event_dict(e) for e in timeline.events]
+    events = [event_dict(e) for e in timeline.events] + [f.event().to_dict() for r in results for f in r.faults]
     return [Generation(plan.name, run, p["id"], len(p["ids"]), list(r.tokens), ctx.detokenize(r.tokens), r.stats(),
                        list(r.steps), events if i == 0 else [], batch_share=1 / len(group))
             for i, (p, r) in enumerate(zip(group, results, strict=True))]
@@ -363,6 +261,14 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
     root = Path(output) if output else cfg.output_dir
     check_writable(root, "--output (or output_dir)")
     progress = Progress.of(cfg, root)
+    for swept in (root, progress.directory):  # what a killed earlier run left half-written
+        remove_stale_temps(swept)
+    done = progress.finished(root)
+    if done is not None:  # an earlier run of this command was killed once its reports were written
+        progress.clear()
+        print(f"already finished: an interrupted earlier run of the same command wrote {done}", file=sys.stderr)
+        print(f"reports: {done}")
+        return done
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     started = datetime.now(timezone.utc)
@@ -380,7 +286,7 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
         gpu_reason=nvml.reason, gpu_names=nvml.names,
         peak_rss_b=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0, notes=ctx.notes,
         warmup_s=ctx.warmup_s)
-    run_dir = reports.write_run_reports(results, root)
+    run_dir = reports.write_run_reports(results, root, before_rename=progress.finishing)
     progress.clear()
     print_summary(results, run_dir)
     return run_dir
@@ -388,7 +294,7 @@ def run_experiments(config: str | Path | dict | ExperimentConfig, output: str | 
 
 def print_summary(results: RunResults, run_dir: Path) -> None:
     """One line per variant on stdout, then where the reports are."""
-    from dfvg.host.records import mean_std, tokens_per_second_by_run
+    from dfvg.host.records import fault_summary, mean_std, tokens_per_second_by_run
 
     base, _ = mean_std(tokens_per_second_by_run(results.baseline))
     for v in results.variants.values():
@@ -397,6 +303,8 @@ def print_summary(results: RunResults, run_dir: Path) -> None:
             continue
         tps, std = mean_std(tokens_per_second_by_run(v))
         speedup = tps / base if base else 0.0
-        print(f"{v.name:<14} {tps:8.3f} ± {std:.3f} tok/s  speedup {speedup:5.2f}x  (measured)")
+        faults = fault_summary(v)["draft_faults"]
+        print(f"{v.name:<14} {tps:8.3f} ± {std:.3f} tok/s  speedup {speedup:5.2f}x  (measured)"
+              + (f"  {faults} draft fault(s) survived" if faults else ""))
     print(f"reports: {run_dir}")
 

@@ -12,7 +12,8 @@ spent) and the drafter is rolled back to the positions that still match.
 Lossless in both schedules: every token is decided by the verifier's `verify` (the engine's rule), and a
 pre-drafted block is drawn from the drafter's own generator (seeded from the run seed), independent of the
 uniforms the verifier draws, so using or discarding it never biases the output distribution. Greedy output
-equals plain decoding token for token.
+equals plain decoding token for token. A drafter that fails (a guarded one returns an empty block,
+`dfvg.fallback`) leaves a step with nothing drafted ahead: that step verifies no drafts.
 
 Does not own: the loop and acceptance (dfvg.generate, dfvg.acceptance), the drafters, the adaptive policy
 (dfvg.host.adaptive), projection onto a board (dfvg.host.projection).
@@ -29,13 +30,15 @@ from dataclasses import dataclass
 import torch
 
 from dfvg.devices import synchronize
-from dfvg.drafter import DraftBlock, Drafter
+from dfvg.drafter import DraftBlock, Drafter, device_label
 from dfvg.errors import UserError
+from dfvg.fallback import take_faults
 from dfvg.generate import EMPTY, GREEDY, GenerationResult, HostStep, Outcome, decode
 from dfvg.host.adaptive import AdaptiveDraftLength, ConfidenceProbe, block_confidence
 from dfvg.host.timeline import Timeline
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import Verifier
+from dfvg.watchdog import in_callers_mode
 
 MODES = ("sync", "overlap")
 DRAFT_SEED_OFFSET = 0x9E3779B9  # the drafter's generator in overlap mode: a stream apart from the verifier's
@@ -49,31 +52,12 @@ class Drafted:
     confidence: list[float] | None
     start: float
     end: float
+    label: str = ""  # the device that drafted it (a guarded drafter's changes after a fault)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
-
-
-def in_callers_mode(fn):
-    """fn, to run on the worker under the caller's inference/grad mode.
-
-    Both modes are thread-local in torch: KV caches allocated under `inference_mode` (as `dfvg generate`
-    and `dfvg run` do) can only be updated in place by a thread that is in inference mode too.
-    """
-    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
-
-    def call(*args):
-        with torch.inference_mode(inference), torch.set_grad_enabled(grad and not inference):
-            return fn(*args)
-
-    return call
-
-
-def device_label(drafter: Drafter) -> str:
-    """`fpga` for a board-backed drafter (it has a `board`), else its torch device."""
-    return "fpga" if getattr(drafter, "board", None) is not None else str(drafter.device)
 
 
 class OverlapStep:
@@ -88,7 +72,7 @@ class OverlapStep:
         self.k, self.max_new_tokens, self.eos = k, max_new_tokens, eos
         self.adaptive, self.probe = adaptive, probe
         self.device = verifier.device
-        self.draft_label, self.verify_label = device_label(drafter), str(verifier.device)
+        self.verify_label = str(verifier.device)
         self.fed: list[int] = []  # tokens whose K/V the drafter may hold, in order
         self.ready: DraftBlock | None = None  # block n+1, drafted during step n
         self.prompt_len = self.steps = 0
@@ -110,7 +94,7 @@ class OverlapStep:
         synchronize(self.device)
         tl.record("prefill", self.verify_label, begin, tl.now(), len(prompt_ids) - 1)
         draft_start, draft_end = future.result()
-        tl.record("prefill", self.draft_label, draft_start, draft_end, len(prompt_ids) - 1)
+        tl.record("prefill", device_label(self.drafter), draft_start, draft_end, len(prompt_ids) - 1)
         self.fed = list(prompt_ids[:-1])
 
     def __call__(self, seq: list[int], k: int) -> Outcome:
@@ -122,7 +106,7 @@ class OverlapStep:
         self.timeline.record("verify", self.verify_label, start, end, len(block.tokens) + 1, self.steps)
         self.ready = self._resolve_ahead(future, block, num_accepted, next_token)
         self.steps += 1
-        return Outcome(block, num_accepted, next_token, end - start)
+        return Outcome(block, num_accepted, next_token, end - start, take_faults(self.drafter))
 
     def _draft(self, context: list[int], k: int, generator: torch.Generator) -> Drafted:
         """Roll the drafter back to what still matches `context`, then propose k tokens after it.
@@ -130,14 +114,16 @@ class OverlapStep:
         self.drafter.rollback(common_prefix(self.fed, context))
         if self.probe is not None:
             self.probe.clear()
-        start = self.timeline.now()
+        start, label = self.timeline.now(), device_label(self.drafter)
         block = self.drafter.propose(context, k, self.sampling, generator)
         end = self.timeline.now()
         self.fed = context + block.tokens[:-1]  # a drafter never feeds its own last draft
-        return Drafted(block, block_confidence(block, self.probe), start, end)
+        return Drafted(block, block_confidence(block, self.probe), start, end, label)
 
     def _record(self, drafted: Drafted, step: int, speculative: bool = False, discarded: bool = False) -> None:
-        self.timeline.record("draft", self.draft_label, drafted.start, drafted.end, len(drafted.block.tokens),
+        if not drafted.block.tokens:  # the drafter failed (dfvg.fallback): the fault has its own event
+            return
+        self.timeline.record("draft", drafted.label, drafted.start, drafted.end, len(drafted.block.tokens),
                              step, modeled_s=drafted.block.modeled_s, speculative=speculative, discarded=discarded)
 
     def _shaped(self, drafted: Drafted) -> DraftBlock:
@@ -166,6 +152,8 @@ class OverlapStep:
         if future is None:
             return None
         drafted = future.result()
+        if not drafted.block.tokens:  # the drafter failed (dfvg.fallback): nothing was drafted ahead
+            return None
         guess, ahead = drafted.block.tokens[0], drafted.block
         hit = num_accepted == len(block.tokens) and next_token == guess
         self._record(drafted, self.steps + 1, speculative=True, discarded=not hit)
@@ -174,7 +162,7 @@ class OverlapStep:
         rest = DraftBlock(ahead.tokens[1:], None if ahead.probs is None else ahead.probs[1:], ahead.elapsed_s,
                           ahead.modeled_s)
         confidence = None if drafted.confidence is None else drafted.confidence[1:]
-        return self._shaped(Drafted(rest, confidence, drafted.start, drafted.end))
+        return self._shaped(Drafted(rest, confidence, drafted.start, drafted.end, drafted.label))
 
 
 def adaptive_shape(adaptive: AdaptiveDraftLength | None, probe: ConfidenceProbe | None):
@@ -223,8 +211,7 @@ def run_pipeline(
     probe = ConfidenceProbe(drafter) if adaptive is not None and adaptive.threshold is not None else None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dfvg-draft") as pool, probe or nullcontext():
         if mode == "sync":
-            step = HostStep(verifier, drafter, sampling, rng, timeline, device_label(drafter),
-                            adaptive_shape(adaptive, probe))
+            step = HostStep(verifier, drafter, sampling, rng, timeline, adaptive_shape(adaptive, probe))
         else:
             draft_rng = torch.Generator().manual_seed(seed + DRAFT_SEED_OFFSET)
             step = OverlapStep(verifier, drafter, sampling, rng, draft_rng, timeline, pool, draft_length,

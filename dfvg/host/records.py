@@ -4,7 +4,7 @@ aggregates every report shares. They live beside the code that fills them; `dfvg
 Owns: `Generation` (one prompt decoded by one variant in one repetition), `VariantResult` (all of a
 variant's generations, its energy measurements and GPU samples), `RunResults` (the whole run), and the
 arithmetic over them: tokens/s per repetition and its mean ± std, the canonical acceptance metrics over all
-steps (from `dfvg.stats`), output match against the baseline, projected board times.
+steps (from `dfvg.stats`), output match against the baseline, projected board times, drafting faults.
 
 Does not own: running anything (`dfvg.host.experiments`), file formats (the other `dfvg.reports` modules).
 """
@@ -160,6 +160,13 @@ def acceptance_metrics(v: VariantResult) -> dict[str, Any]:
         "num_draft_tokens": sum(s.num_drafted for s in steps),
         "num_accepted_tokens": sum(s.num_accepted for s in steps),
     }
+
+
+def fault_summary(v: VariantResult) -> dict[str, Any]:
+    """The drafting faults the variant's generations survived (dfvg.fallback), each with where it struck."""
+    faults = [{"run": g.run, "prompt_id": g.prompt_id, **f} for g in v.generations for f in g.stats.get("faults", [])]
+    return {"draft_faults": len(faults), "faults": faults,
+            "tokens_without_draft": sum(g.stats.get("tokens_without_draft", 0) for g in v.generations)}
 
 
 def energy_totals(v: VariantResult) -> dict[str, tuple[float | None, str, str]]:

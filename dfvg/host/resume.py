@@ -8,6 +8,11 @@ either the previous state or the new one, never half of one. A rerun with the sa
 them and starts at the next repetition; once the reports are written the area is removed. A state that
 cannot be read back (written by another DFVG version) is ignored and its repetitions run again.
 
+Killed with `kill -9` at any moment, a run leaves at most this progress area and hidden temporaries
+(`dfvg.outputs`): the reports appear in one rename. Just before that rename `finishing` records the
+report folder's name; a kill between the rename and `clear` thus leaves a finished report, and the rerun
+returns it instead of measuring the last repetition again.
+
 The pickle is a private cache of this machine's own run, read only from the results root the run writes to.
 
 Does not own: the order of work (`dfvg.host.experiments`), writing the reports (`dfvg.reports`).
@@ -22,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import pickle
 import shutil
 import sys
@@ -30,9 +34,11 @@ from pathlib import Path
 
 from dfvg.host.experiment_config import ExperimentConfig
 from dfvg.host.records import VariantResult
+from dfvg.outputs import atomic_write
 
 FORMAT = 1  # bump when the pickled state changes shape
 STATE = "completed.pkl"
+FINISHED = "finished.json"  # the report folder's name, written just before the folder appears
 KEPT = ("generations", "energy", "gpu_samples")  # the measured parts of a VariantResult
 
 
@@ -75,16 +81,27 @@ class Progress:
             return  # the reports are about to be written; nothing left to resume
         state = {"runs_done": runs_done,
                  "variants": {name: {part: getattr(v, part) for part in KEPT} for name, v in variants.items()}}
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / f".{STATE}.tmp-{os.getpid()}"
+        atomic_write(self.directory / STATE, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def finishing(self, run_dir: Path) -> None:
+        """Record the report folder about to appear (the whole run is measured; only the rename is left)."""
+        atomic_write(self.directory / FINISHED, json.dumps({"run_dir": run_dir.name}))
+
+    def finished(self, root: Path) -> Path | None:
+        """The report folder of an earlier run of this command that was killed after writing it, or None."""
         try:
-            tmp.write_bytes(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
-            os.replace(tmp, self.directory / STATE)
-        finally:
-            tmp.unlink(missing_ok=True)
+            run_dir = Path(root) / json.loads((self.directory / FINISHED).read_text())["run_dir"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if run_dir.is_dir():
+            return run_dir
+        (self.directory / FINISHED).unlink(missing_ok=True)  # killed before the rename: resume instead
+        return None
 
     def clear(self) -> None:
-        """Remove this config's progress, and the experiment's progress folder when nothing else is in it."""
+        """Remove this config's progress, and the experiment's progress folder when nothing else is in it.
+        The saved repetitions go first, the finished mark last: a kill in between still finds the report."""
+        (self.directory / STATE).unlink(missing_ok=True)
         shutil.rmtree(self.directory, ignore_errors=True)
         try:
             self.directory.parent.rmdir()

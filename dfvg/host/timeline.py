@@ -6,7 +6,9 @@ so tests can drive it with a fake one. Every event the pipeline writes is `measu
 projection onto a board (dfvg.host.projection) builds its own, `modeled`, numbers and never edits these.
 
 Stages: `prefill` (target or draft prompt pass), `draft` (one drafter call), `transfer` (draft block moved to
-the verifier's device), `verify` (one target forward over k+1 positions), `accept` (the acceptance rule).
+the verifier's device), `verify` (one target forward over k+1 positions), `accept` (the acceptance rule),
+`fault` (a draft call that raised or missed its watchdog deadline, from its start to the fault's
+detection; dfvg.fallback).
 A `draft` event with `speculative=True` was drafted ahead during the previous step's verification
 (overlap mode); `discarded=True` marks one whose assumption (block fully accepted, bonus guessed) failed.
 """
@@ -19,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-STAGES = ("prefill", "draft", "transfer", "verify", "accept")
+STAGES = ("prefill", "draft", "transfer", "verify", "accept", "fault")
 
 
 @dataclass(frozen=True)

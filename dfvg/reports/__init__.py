@@ -1,9 +1,10 @@
 """Report writers: one directory per run, written whole or not at all.
 
 `write_run_reports(results, root)` writes into `root/.<run_id>.tmp-<pid>` and renames it to
-`root/<run_id>` only when every file is written, so a crash never leaves a half-written run that
-`scripts/collect_results.py` would pick up; a root that cannot take them is refused in one line
-(`dfvg.outputs.check_writable`, which the experiment runner also calls before it starts). Files:
+`root/<run_id>` only when every file is written, so a crash or `kill -9` never leaves a half-written run
+that `scripts/collect_results.py` would pick up (the next run deletes the temporary: dfvg.outputs); a
+root that cannot take them is refused in one line (`dfvg.outputs.check_writable`, which the experiment
+runner also calls before it starts). Files:
 
     performance_summary.json   speed, acceptance, match vs baseline, projected board speed (performance_summary)
     energy_analysis.csv        energy per component x variant (energy)
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from dfvg.host.records import RunResults
@@ -79,8 +81,10 @@ def unique_dir(root: Path, run_id: str) -> Path:
     return target
 
 
-def write_run_reports(results: RunResults, root: Path) -> Path:
-    """Write every report of the run into a fresh directory under root, atomically; returns it."""
+def write_run_reports(results: RunResults, root: Path,
+                      before_rename: Callable[[Path], None] | None = None) -> Path:
+    """Write every report of the run into a fresh directory under root, atomically; returns it.
+    `before_rename(final path)` runs once every file is written, just before the directory appears."""
     root = Path(root)
     check_writable(root, "--output (or output_dir)")
     root.mkdir(parents=True, exist_ok=True)
@@ -90,6 +94,8 @@ def write_run_reports(results: RunResults, root: Path) -> Path:
     try:
         write_all(results, tmp)
         target = unique_dir(root, results.run_id)
+        if before_rename is not None:
+            before_rename(target)
         os.rename(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from pathlib import Path
 
 import matplotlib
@@ -22,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from dfvg.errors import UserError  # noqa: E402
 from dfvg.host.records import mean_std, record  # noqa: E402
+from dfvg.outputs import atomic_write  # noqa: E402
 
 CSV_HEADER = ("run_id", "experiment", "variant", "tokens_per_second", "tokens_per_second_std", "speedup",
               "speedup_provenance", "acceptance_rate", "mean_accepted_length", "projected_tokens_per_second",
@@ -91,16 +91,6 @@ def aggregate(rows: list[dict]) -> dict:
                 "tokens_per_second_std": record(ts, "tokens/s", "measured", src),
                 "speedup": record(sm, "x", "measured", src), "speedup_std": record(ss, "x", "measured", src)}
     return out
-
-
-def atomic_write(path: Path, text: str | bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def csv_text(rows: list[dict]) -> str:

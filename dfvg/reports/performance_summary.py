@@ -6,7 +6,7 @@ the config are records too, labelled `assumed` (chosen, not observed). Speedups 
 
 Layout: {schema, run_id, target_model, draft_model, dataset, settings{...}, definitions{...},
 variants{name: {description, mode, drafter, draft_device, verify_device, measured{...}, acceptance{...},
-projected{...}?}}, skipped{name: reason}}.
+faults{...}, projected{...}?}}, skipped{name: reason}}.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dfvg.host.records import (
     RunResults,
     VariantResult,
     acceptance_metrics,
+    fault_summary,
     has_projection,
     match_rates,
     mean_std,
@@ -34,6 +35,9 @@ DEFINITIONS = {
     "per_position_acceptance": "entry i: P(draft i accepted | draft i proposed)",
     "accepted_length_histogram": "entry a: number of verify steps that accepted exactly a drafts",
     "output_match_rate": "fraction of generations identical, token for token, to the baseline's",
+    "draft_faults": "draft calls that raised or missed the watchdog deadline; each block was discarded and "
+                    "drafting went on with the next configured drafter or none (dfvg.fallback)",
+    "tokens_without_draft": "tokens the target decoded alone because its drafter had failed",
     "projected": "end-to-end time with each draft block at the FPGA board model's time (dfvg.fpga.board.latency) "
                  "and every target stage as measured here (dfvg.host.projection replays the schedule)",
 }
@@ -106,6 +110,14 @@ def projected_block(v: VariantResult, base_tps: float) -> dict:
     }
 
 
+def faults_block(v: VariantResult) -> dict:
+    summary = fault_summary(v)
+    src = f"dfvg.fallback over {len(v.generations)} generations"
+    return {"draft_faults": record(summary["draft_faults"], "faults", "measured", src),
+            "tokens_without_draft": record(summary["tokens_without_draft"], "tokens", "measured", src),
+            "events": summary["faults"]}
+
+
 def variant_entry(v: VariantResult, baseline: VariantResult, base_tps: float) -> dict:
     entry = {"description": v.description, "mode": v.mode, "drafter": v.drafter, "draft_device": v.draft_device,
              "verify_device": v.verify_device,
@@ -113,6 +125,7 @@ def variant_entry(v: VariantResult, baseline: VariantResult, base_tps: float) ->
              "measured": measured_block(v, base_tps)}
     if v.drafter != "none":
         entry["acceptance"] = acceptance_block(v, baseline)
+        entry["faults"] = faults_block(v)
     if has_projection(v):
         entry["projected"] = projected_block(v, base_tps)
     return entry

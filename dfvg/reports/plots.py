@@ -26,7 +26,7 @@ from dfvg.host.records import (  # noqa: E402
 )
 from dfvg.reports.energy import energy_rows  # noqa: E402
 
-STAGE_COLOURS = {"draft": "tab:orange", "verify": "tab:blue", "prefill": "tab:gray"}
+STAGE_COLOURS = {"draft": "tab:orange", "verify": "tab:blue", "prefill": "tab:gray", "fault": "tab:red"}
 
 
 def speedup_plot(results: RunResults, path: Path) -> Path:
@@ -52,7 +52,8 @@ def speedup_plot(results: RunResults, path: Path) -> Path:
 
 def lane(event: dict, verify_device: str) -> tuple[str, str]:
     """(device, lane): draft work (a drafter's prefill included) and verify work get separate lanes."""
-    drafting = event["stage"] == "draft" or (event["stage"] == "prefill" and event["device"] != verify_device)
+    stage = event["stage"]
+    drafting = stage in ("draft", "fault") or (stage == "prefill" and event["device"] != verify_device)
     return event["device"], "draft" if drafting else "verify"
 
 
