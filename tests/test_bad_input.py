@@ -175,6 +175,8 @@ CASES: dict[str, Case] = {
     "tree-zero-budget": Case(gen("--target", "target", "--draft", "draft", "--tree", "dynamic:0"),
                              "got 'dynamic:0'"),
     "tree-without-draft": Case(gen("--target", "target", "--no-draft", "--tree", "2,2"), "--tree needs a draft"),
+    "tree-with-tensor-parallel": Case(gen("--target", "target", "--draft", "draft", "--tree", "2,2",
+                                          "--tensor-parallel", "2"), "--tree with --tensor-parallel is not supported"),
     "tree-on-fpga-draft": Case(gen("--target", "target", "--draft", "draft", "--draft-device", "fpga", "--tree",
                                    "2,2"), "the FPGA datapath has no tree yet"),
     "nan-temperature": Case(gen("--target", "target", "--no-draft", "--temperature", "nan"),

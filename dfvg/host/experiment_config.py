@@ -297,8 +297,10 @@ def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None
 def check_tensor_parallel(cfg: ExperimentConfig) -> None:
     """A tensor-parallel target runs the sync schedule on one sequence: every rank must take the same steps,
     and the overlap schedule's draft thread and the batched forward have no sharded form yet."""
-    unsupported = [v for v in ("overlap", "adaptive", "batch") if v in cfg.variants] + \
-        (["tree"] if cfg.tree is not None else [])
+    unsupported = [v for v in ("overlap", "adaptive", "batch") if v in cfg.variants]
+    if cfg.tensor_parallel > 1 and cfg.tree is not None:
+        raise UserError(f"{cfg.source}: tree with tensor_parallel {cfg.tensor_parallel} is not supported yet; "
+                        "drop tree or set tensor_parallel: 1")
     if cfg.tensor_parallel > 1 and (unsupported or cfg.batch_size > 1):
         what = f"variants {', '.join(unsupported)}" if unsupported else f"batch_size {cfg.batch_size}"
         raise UserError(f"{cfg.source}: tensor_parallel {cfg.tensor_parallel} runs the sync schedule at batch 1; "
