@@ -200,8 +200,9 @@ class Engine:
             else None
         if rows is None:  # host rows draft through guards of their own (a fallback model keeps one sequence)
             drafters = [self.guard(d, fallbacks=False) if d is not None else None for d in drafters]
+        guard = self.guard(shared, fallbacks=False) if rows is not None and shared is not None else None
         return run_batch(self.verifier, drafters, prompts, max_new_tokens, eos_ids=eos_ids, sampling=sampling,
-                         seed=seed, draft_length=k, timeline=timeline, device_rows=rows)
+                         seed=seed, draft_length=k, timeline=timeline, device_rows=rows, guard=guard)
 
     def _device_rows(self, drafter: GraphDrafter | None, k: int, rows: int) -> DeviceRows:
         key = (id(drafter), k, rows)

@@ -267,6 +267,25 @@ def test_device_step_falls_back_to_the_host_step(tiny_pair, injected, device):
     assert isinstance(engine.device_steps[(id(drafter), 3)].host.drafter, GuardedDrafter)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
+@pytest.mark.parametrize("injected", [{"fail_after": 2}, {"hang_after": 3}])
+def test_device_batch_falls_back_to_the_host_batch(tiny_pair, injected, device):
+    """A batch's captured step of all rows fails or hangs: the rows still decoding go on with the target alone
+    on the host batch step, each with plain decoding's tokens (fp32), and the fault is reported once."""
+    model, draft = load_model(tiny_pair[0], device=device), load_model(tiny_pair[1], device=device)
+    engine = faulty_engine(GraphVerifier(model, compile_blocks=False, cache_len=96), **injected)
+    prompts = [PROMPT, [4, 8], list(range(2, 30))]
+    drafters = engine.batch_drafters(lambda: GraphDrafter(draft, 96, compile_blocks=False, cache_len=96),
+                                     len(prompts), GREEDY)
+    results = engine.decode_batch(drafters, prompts, N, k=3, eos_ids=(EOS_ID,))
+    engine.injection.release.set()
+    assert list(engine.device_rows) == [(id(drafters[0]), 3, len(prompts))]  # the device batch ran
+    assert [r.tokens for r in results] == [generate(TorchVerifier(model), p, N, eos_ids=(EOS_ID,)).tokens
+                                           for p in prompts]
+    assert [len(r.faults) for r in results] == [1, 0, 0]
+    assert results[0].faults[0].kind == ("error" if "fail_after" in injected else "timeout")
+
+
 @pytest.mark.parametrize("hang", [False, True])
 def test_fpga_board_failing_inside_xrt(tiny_pair, target, tmp_path, hang):
     """The simulated XRT backend's kernel dies (or never completes) on its third launch: the XRT driver's

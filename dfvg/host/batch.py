@@ -42,7 +42,7 @@ from dfvg.acceptance import accept_block
 from dfvg.devices import synchronize
 from dfvg.drafter import DraftBlock, Drafter
 from dfvg.errors import UserError
-from dfvg.fallback import take_faults
+from dfvg.fallback import GuardedDrafter, take_faults
 from dfvg.generate import GREEDY, GenerationResult, Outcome, check_lengths, max_seq_len, propose, step_length
 from dfvg.gpu.fast import DeviceRows
 from dfvg.host.timeline import Timeline
@@ -176,27 +176,53 @@ class DeviceBatchStep:
     """Greedy batch on the device: `DeviceRows` drafts, verifies and accepts every row in one graph replay.
 
     Rows keep their slot (their index in the batch) for the whole batch; a finished row is retired in place
-    (it stops advancing) rather than compacted, because the captured graph has one shape."""
+    (it stops advancing) rather than compacted, because the captured graph has one shape. The replay is a
+    proposal of the guarded drafter (`dfvg.fallback`): when it raises or misses the watchdog's deadline, the
+    rows still decoding are compacted to the front of the target's cache and the rest of the batch runs on
+    `HostBatchStep` with the target alone (greedy, so every row keeps plain decoding's tokens)."""
 
-    def __init__(self, rows: DeviceRows, timeline: Timeline):
-        self.rows, self.timeline, self.device = rows, timeline, rows.device
+    def __init__(self, rows: DeviceRows, timeline: Timeline, guard: GuardedDrafter | None = None):
+        self.rows, self.timeline, self.guard, self.device = rows, timeline, guard, rows.device
+        self.host: HostBatchStep | None = None  # after a fault: the rest of this batch
 
     def prefill(self, rows: list[Row], cache_len: int) -> None:
         prompts = [row.seq for row in rows]
+        self.host = None
+        if self.guard is not None:  # watched: a draft device that fails to start is a fault like any other
+            self.guard.prefill(prompts[0], cache_len)
         for holder in self.rows.holders():
             holder.gm.ensure_cache(max(cache_len, holder.min_cache_len), len(rows))
             batched_prefill(holder.model, prompts)
         self.rows.start(prompts)
+        if self.guard is not None and self.guard.live is not self.rows.drafter:
+            self._to_host(rows)
 
     def __call__(self, rows: list[Row], k: int, max_new_tokens: int, step: int) -> list[Outcome]:
-        start = self.timeline.now()
-        records = self.rows.replay()
-        end = self.timeline.now()
-        self.timeline.record("verify", str(self.device), start, end, len(rows) * (self.rows.k + 1), step)
-        return [Outcome(DraftBlock(drafts, None, 0.0), num, nxt, end - start)
-                for num, nxt, *drafts in (records[row.index] for row in rows)]
+        if self.host is None:
+            start = self.timeline.now()
+            ok, records = self.guard.run(self.rows.replay) if self.guard is not None else (True, self.rows.replay())
+            if ok:
+                end = self.timeline.now()
+                self.timeline.record("verify", str(self.device), start, end, len(rows) * (self.rows.k + 1), step)
+                faults = take_faults(self.guard)  # charged to the first row, so each is counted once
+                return [Outcome(DraftBlock(drafts, None, 0.0), num, nxt, end - start, faults if i == 0 else [])
+                        for i, (num, nxt, *drafts) in enumerate(records[row.index] for row in rows)]
+            self._to_host(rows)
+        outcomes = self.host(rows, k, max_new_tokens, step)
+        outcomes[0].faults = outcomes[0].faults + take_faults(self.guard)
+        return outcomes
+
+    def _to_host(self, rows: list[Row]) -> None:
+        """The remaining rows go to the host step with no drafter: their cache rows move to the front."""
+        compact_cache(self.rows.verifier.model, [row.index for row in rows])
+        for row in rows:
+            row.drafter = None
+        self.host = HostBatchStep(self.rows.verifier, GREEDY, self.timeline)
 
     def leave(self, rows: list[Row], keep: list[int]) -> None:
+        if self.host is not None:
+            self.host.leave(rows, keep)
+            return
         for i, row in enumerate(rows):
             if i not in keep:
                 self.rows.retire(row.index)
@@ -223,6 +249,7 @@ def run_batch(
     draft_length: int = 4,
     timeline: Timeline | None = None,
     device_rows: DeviceRows | None = None,
+    guard: GuardedDrafter | None = None,
 ) -> list[GenerationResult]:
     """Speculative decoding of several prompts at once; one GenerationResult per prompt, in prompt order.
 
@@ -238,7 +265,7 @@ def run_batch(
     timeline = timeline if timeline is not None else Timeline()
     rows = make_rows(drafters, prompts, seed)
     k = draft_length if any(row.drafter is not None for row in rows) else 0
-    batch = DeviceBatchStep(device_rows, timeline) if device_rows is not None else \
+    batch = DeviceBatchStep(device_rows, timeline, guard) if device_rows is not None else \
         HostBatchStep(verifier, sampling, timeline)
     start = time.perf_counter()
     t0 = timeline.now()
