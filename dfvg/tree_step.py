@@ -25,6 +25,7 @@ from dfvg.devices import synchronize
 from dfvg.drafter import DraftBlock, Drafter, TorchDrafter, fit_vocab
 from dfvg.errors import UserError
 from dfvg.generate import Outcome
+from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
 from dfvg.sampling import SamplingParams, processed_probs, sample_from
 from dfvg.tree import DYNAMIC_WIDTH, DraftTree, TreeSpec, accept_tree, compact_cache, tree_inputs
 from dfvg.verifier import TorchVerifier, Verifier
@@ -187,9 +188,16 @@ class TreeStep:
 
 def tree_step(verifier: Verifier, drafter: Drafter, spec: TreeSpec, sampling: SamplingParams, seed: int,
               draft_length: int) -> TreeStep:
-    """The tree step for this pair, or a UserError saying which part cannot run trees yet."""
+    """The tree step for this pair, or a UserError saying which part cannot run trees yet.
+
+    Graph models run their trees on the eager forward of the same model and cache (a tree's mask has no
+    captured graph yet), so a run's other variants keep their graphs."""
+    if isinstance(verifier, GraphVerifier):
+        verifier = TorchVerifier(verifier.model)
+    if isinstance(drafter, GraphDrafter):
+        drafter = drafter.eager
     if type(verifier) is not TorchVerifier:
-        raise UserError("a token tree verifies on the eager target; on CUDA pass --eager (config: eager: true)")
+        raise UserError("a token tree verifies on one process's eager target; tensor parallelism has no tree yet")
     if type(drafter) is not TorchDrafter:
         raise UserError("--tree needs a torch draft (--draft-device cpu/cuda); the FPGA datapath has no tree yet")
     return TreeStep(verifier, drafter, spec, sampling, torch.Generator().manual_seed(seed), draft_length)
