@@ -73,7 +73,6 @@ class DeviceRows:
         self.k = k if drafter is not None else 0
         self.graph = None
         self._cache_ids: tuple = ()
-        self.host: HostStep | None = None  # after a fault: this generation's remaining steps
 
     def holders(self) -> list[GraphVerifier | GraphDrafter]:
         """The graph models this step replays over, with their cache-size floors (`min_cache_len`)."""
