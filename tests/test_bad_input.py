@@ -310,10 +310,17 @@ def run_command(argv: tuple[str, ...], cwd: Path) -> subprocess.CompletedProcess
     return subprocess.run(command(argv), capture_output=True, text=True, cwd=cwd, env=ENV, timeout=300)
 
 
+def as_in_a_terminal() -> None:
+    """The child takes Ctrl-C as a terminal's foreground command does, however the suite was started: a shell
+    that runs the suite in the background (`cmd &`, nohup) makes it inherit SIGINT ignored, and Python then
+    installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted(argv: tuple[str, ...], cwd: Path, trigger: str) -> subprocess.CompletedProcess:
     """Start the command, press Ctrl-C (SIGINT) once `trigger` appears, and collect what it printed."""
     proc = subprocess.Popen(command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                            env=ENV)
+                            env=ENV, preexec_fn=as_in_a_terminal)
     deadline = time.monotonic() + 240
     while not list(cwd.glob(trigger)):
         assert proc.poll() is None, f"finished before it could be interrupted: {proc.communicate()}"
