@@ -131,18 +131,16 @@ def warm_up(plans_: list[Plan], ctx: Context) -> float:
     seconds = ctx.engine.warm_up(drafters, longest, largest_k(plans_, ctx), ctx.cfg.max_new_tokens,
                                  batch=max_batch_size(ctx.cfg))
     start = time.perf_counter()
+    shapes = {(plan.name, min(batch_size_of(plan, ctx.cfg), end - first)): plan  # each (variant, group size)
+              for plan, first, end in schedule(plans_, ctx.cfg, len(ctx.prompts))}
     with ctx.engine.warming():
-        for plan in plans_:
-            if batch_size_of(plan, ctx.cfg) == 1:
-                decode(plan, ctx, longest[:24], seed=0,
-                       max_new_tokens=min(plan.draft_length + 3, ctx.cfg.max_new_tokens))
-        sizes = {(p.name, min(p.batch_size or ctx.cfg.batch_size, end - first))
-                 for p, first, end in schedule(plans_, ctx.cfg, len(ctx.prompts))}
-        for plan in plans_:
-            for rows in sorted(b for name, b in sizes if name == plan.name and b > 1):  # each batch shape
-                warm_group = [{"id": "warm-up", "ids": longest[:24]}] * rows
-                decode_batch(plan, ctx, warm_group, 0, 0,
-                             max_new_tokens=min(plan.draft_length + 3, ctx.cfg.max_new_tokens))
+        for (_, rows), plan in shapes.items():
+            max_new_tokens = min(plan.draft_length + 3, ctx.cfg.max_new_tokens)
+            if rows == 1:
+                decode(plan, ctx, longest[:24], seed=0, max_new_tokens=max_new_tokens)
+            else:
+                decode_batch(plan, ctx, [{"id": "warm-up", "ids": longest[:24]}] * rows, 0, 0,
+                             max_new_tokens=max_new_tokens)
     return seconds + time.perf_counter() - start
 
 
