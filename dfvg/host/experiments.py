@@ -186,17 +186,21 @@ def decode_one(plan: Plan, ctx: Context, prompt: dict, index: int, run: int) -> 
 
 
 def batch_drafter_factory(plan: Plan, ctx: Context) -> Callable[[], Any] | None:
-    """How a batch plan makes a drafter: the run's own for a graph drafter (its cache then holds a row per
-    sequence), else a new one per call (eager and FPGA drafters keep one sequence's state each)."""
+    """How a batch plan makes its drafters: first the run's own graph drafter (greedy on graph models, the
+    engine lets it draft every row from a cache row per sequence: `Engine.batch_drafters`), then, and for
+    every other drafter, a new eager one per call (each keeps one sequence's state)."""
     if plan.drafter == "none":
         return None
-    single = drafter_of(plan, ctx)
-    if isinstance(single, GraphDrafter):
-        return lambda: single
     device = "fpga" if plan.drafter == "fpga" else ctx.draft_device
     options = fpga_options(ctx.devices) if plan.drafter == "fpga" else {}
     path = ctx.cfg.extra_drafts[plan.draft] if plan.draft else ctx.cfg.draft_model
-    return lambda: make_drafter(path, device, ctx.dtype, ctx.engine.verifier.vocab_size, fast=False, **options)
+    fresh = lambda: make_drafter(path, device, ctx.dtype, ctx.engine.verifier.vocab_size, fast=False,  # noqa: E731
+                                 **options)
+    single = drafter_of(plan, ctx)
+    if not isinstance(single, GraphDrafter):
+        return fresh
+    unused = [single]  # a sampled batch takes it for its first row only: rows must not share a model
+    return lambda: unused.pop() if unused else fresh()
 
 
 def decode_batch(plan: Plan, ctx: Context, group: list[dict], first: int, run: int,
