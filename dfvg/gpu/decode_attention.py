@@ -1,10 +1,15 @@
 """Decode/verify attention for the fused layers: split over cache slots (flash decoding), then merged.
 
 Why split: one program per query head walks ~400 cache slots one tile after another (16.6 us per layer on
-the H200); with one program per (kv head, 64-slot split) every program reads one K and one V tile, and a
-second launch merges the partial softmax states. GQA query heads of a kv head are packed into the rows of
-one tile, so K/V are read once per kv head. Positions come from a device tensor (graph replays at any
-position); query t sees cache slots <= pos[t] (causal chain). Float32 scores and softmax, bf16 P @ V.
+the H200); with one program per (kv head, 64-slot split, token) every program reads one K and one V tile,
+and a second launch merges the partial softmax states. The GQA query heads of one token share a tile, so
+K/V are read once per kv head and token (from L2 after the first token of a verify step).
+
+One token per tile, at the same tile rows whatever the row count: a verify row is then computed exactly as
+a one-token decode step computes it (`dfvg.gpu.fused`, batch-invariant rows). Packing several tokens into
+a tile put a token at different tile rows for different T, and a CPU BLAS already rounded those
+differently. Positions come from a device tensor (graph replays at any position); query t sees cache slots
+<= pos[t] (causal chain). Float32 scores and softmax, bf16 P @ V.
 """
 
 from __future__ import annotations
@@ -33,60 +38,61 @@ if HAVE_TRITON:
             return tl.dot(a.to(tl.float32), b.to(tl.float32))
         return tl.dot(a, b)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["rows"])
     def _attention_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, rows, scale,
                                 HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr, F32: tl.constexpr,
                                 BM: tl.constexpr, BS: tl.constexpr):
-        """Program (kv head, split): every query row of the kv head's GROUP heads (packed r = g * rows + t)
-        against cache slots split*BS.. of those <= pos[t]; writes the partial softmax state (m, l, acc).
+        """Program (kv head, split, token t): the GROUP query heads of token t (tile rows 0..GROUP-1, padded
+        to BM) against cache slots split*BS.. of those <= pos[t]; writes their partial softmax states.
 
         Split over slots (flash decoding) because one program per head walks ~400 slots in sequence; here
         each program reads one tile of K and V, and `_attention_combine_kernel` merges the splits."""
         GROUP: tl.constexpr = HEADS // KV_HEADS
         kv = tl.program_id(0)
         split = tl.program_id(1)
+        t = tl.program_id(2)
         end = tl.load(pos_ptr + rows - 1) + 1  # positions ascend: the last row sees the most slots
         if split * BS < end:
             r = tl.arange(0, BM)
-            live = r < GROUP * rows
-            t = r % rows
-            head = kv * GROUP + r // rows
+            live = r < GROUP
+            head = kv * GROUP + r
             d = tl.arange(0, HD)
-            q = tl.load(q_ptr + t[:, None] * (HEADS * HD) + head[:, None] * HD + d[None, :], mask=live[:, None],
-                        other=0.0)
-            pos = tl.load(pos_ptr + t, mask=live, other=-1)
+            q = tl.load(q_ptr + t * (HEADS * HD) + head[:, None] * HD + d[None, :], mask=live[:, None], other=0.0)
+            pos = tl.load(pos_ptr + t)
             s = split * BS + tl.arange(0, BS)
             offs = s[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
             keys = tl.load(kc_ptr + offs, mask=(s < end)[:, None], other=0.0)
             values = tl.load(vc_ptr + offs, mask=(s < end)[:, None], other=0.0)
             scores = _dot(q, tl.trans(keys), F32) * scale  # [BM, BS] float32
-            scores = tl.where(s[None, :] <= pos[:, None], scores, -float("inf"))
+            scores = tl.where(s[None, :] <= pos, scores, -float("inf"))
             m = tl.max(scores, axis=1)
             p = tl.exp(scores - tl.where(m == -float("inf"), 0.0, m)[:, None])
-            state = (split * KV_HEADS + kv) * BM + r
+            state = ((split * KV_HEADS + kv) * rows + t) * BM + r
             tl.store(m_ptr + state, m)
             tl.store(l_ptr + state, tl.sum(p, axis=1))
             tl.store(acc_ptr + state[:, None] * HD + d[None, :], _dot(p.to(values.dtype), values, F32))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["rows"])
     def _attention_combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
                                   KV_HEADS: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
-                                  NS: tl.constexpr):
-        """Program (head, row): merge the live splits' (m, l, acc) of one query row -> out [rows, HEADS*HD]."""
+                                  NS: tl.constexpr, BD: tl.constexpr):
+        """Program (head, row, BD columns): merge the live splits' (m, l, acc) of one query row -> out
+        [rows, HEADS*HD]. Columns in separate programs so a 32k context (512 splits) is not a few long
+        serial loops. Splits past the row's own position hold m = -inf and add exact zeros, so the sum is
+        the one a T = 1 step makes."""
         GROUP: tl.constexpr = HEADS // KV_HEADS
         head = tl.program_id(0)
         t = tl.program_id(1)
         kv = head // GROUP
-        r = (head % GROUP) * rows + t
         live_splits = (tl.load(pos_ptr + rows - 1) + BS) // BS
-        d = tl.arange(0, HD)
+        d = tl.program_id(2) * BD + tl.arange(0, BD)
         m_run = -float("inf")
         l_run = 0.0
-        acc = tl.zeros((HD,), tl.float32)
+        acc = tl.zeros((BD,), tl.float32)
         for s0 in range(0, live_splits, NS):
             sp = s0 + tl.arange(0, NS)
             live = sp < live_splits
-            state = (sp * KV_HEADS + kv) * BM + r
+            state = ((sp * KV_HEADS + kv) * rows + t) * BM + head % GROUP
             m = tl.load(m_ptr + state, mask=live, other=-float("inf"))
             m_new = tl.maximum(m_run, tl.max(m, axis=0))
             m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
@@ -103,21 +109,26 @@ if HAVE_TRITON:
 ATTENTION_SPLIT = 64  # cache slots per attention program
 
 
+TILE = 16  # query rows of one attention tile: one token's GQA heads, padded (the smallest MMA height)
+
+
 def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple) -> Tensor:
     """q [T, H*hd] (rotated) over cache kc/vc [S, KV, hd] at slots <= pos[t] -> [T, H*hd] bf16.
 
-    Two launches: per (kv head, 64-slot split) partial softmax, then the merge per (head, row)."""
+    Two launches: per (kv head, 64-slot split, token) partial softmax, then the merge per (head, token,
+    32 columns)."""
     heads, kv_heads, hd, _, _ = dims
     rows = q.shape[0]
     splits = triton.cdiv(kc.shape[0], ATTENTION_SPLIT)
-    block_m = max(16, triton.next_power_of_2(heads // kv_heads * rows))
-    m = torch.empty(splits, kv_heads, block_m, dtype=torch.float32, device=q.device)
+    m = torch.empty(splits, kv_heads, rows, TILE, dtype=torch.float32, device=q.device)
     l_sum = torch.empty_like(m)
-    acc = torch.empty(splits, kv_heads, block_m, hd, dtype=torch.float32, device=q.device)
-    _attention_split_kernel[(kv_heads, splits)](q, kc, vc, pos, m, l_sum, acc, rows, 1.0 / math.sqrt(hd),
-                                                HEADS=heads, KV_HEADS=kv_heads, HD=hd, F32=INTERPRETED,
-                                                BM=block_m, BS=ATTENTION_SPLIT, num_warps=4)
+    acc = torch.empty(splits, kv_heads, rows, TILE, hd, dtype=torch.float32, device=q.device)
+    _attention_split_kernel[(kv_heads, splits, rows)](q, kc, vc, pos, m, l_sum, acc, rows, 1.0 / math.sqrt(hd),
+                                                           HEADS=heads, KV_HEADS=kv_heads, HD=hd, F32=INTERPRETED,
+                                                           BM=TILE, BS=ATTENTION_SPLIT, num_warps=4)
     out = torch.empty_like(q)
-    _attention_combine_kernel[(heads, rows)](pos, m, l_sum, acc, out, rows, HEADS=heads, KV_HEADS=kv_heads, HD=hd,
-                                             BM=block_m, BS=ATTENTION_SPLIT, NS=32, num_warps=4)
+    block_d = min(hd, 32)
+    _attention_combine_kernel[(heads, rows, hd // block_d)](pos, m, l_sum, acc, out, rows, HEADS=heads,
+                                                            KV_HEADS=kv_heads, HD=hd, BM=TILE, BS=ATTENTION_SPLIT,
+                                                            NS=64, BD=block_d, num_warps=4)
     return out

@@ -1,33 +1,40 @@
-"""Fused Triton kernels for a decoder layer at up to 16 new tokens: 5-6 launches per layer.
+"""Fused Triton kernels for a decoder layer at 1 to 64 new tokens, with every row computed alike.
 
-Why: at batch 1 a 1.5B decode step reads 3 GB of weights (0.72 ms at 4.3 TB/s), but the compiled block
-of `dfvg.gpu.graphs` replays ~20 kernels per layer (578 per step), and inside a CUDA graph each still
-costs microseconds of launch and tail; its float32 attention matmuls over the whole cache were the
-largest single item (benchmarks/RESULTS.md, H200 kernel tables). Here a layer is
+Why: at batch 1 a 1.5B decode step reads 3 GB of weights (0.72 ms at 4.3 TB/s), but a compiled block
+replays ~20 kernels per layer; inside a CUDA graph each still costs microseconds. Here a layer is
 
 1. `qkv_rope`:     RMSNorm -> x Wqkv^T + b -> RoPE on q and k -> q to a buffer, k and v into the cache at pos
-2. `attention`:    per (kv head, 64-slot split) partial softmax, then the merge (`dfvg.gpu.decode_attention`)
+2. `attention`:    per (kv head, 64-slot split, row tile) partial softmax, then the merge
 3. `fused_linear`: x + attn Wo^T (+ b)
 4. `fused_linear`: RMSNorm -> silu(x Wg^T) * (x Wu^T)
-5. `fused_linear`: x + h W2^T (cuBLAS + add for T > 1, where it measured faster)
+5. `fused_linear`: x + h W2^T
 
-and the LM head stays cuBLAS (`Transformer.logits`: 115 us against the fused kernel's 136 us for 152k
-rows). Each fused kernel is a GEMV-shaped stream over its weight matrix with the small prologue/epilogue
-work folded in, so weights are read once and activations make no extra round trip. Rows (T) are the new
-tokens: 1 for plain decode, k + 1 for a verify step, 2 for the draft's catch-up, 16 for a prefill chunk.
-With T = 1 the products are multiply-and-sum reduced once after the loop, and a fused RMSNorm scales the
-finished dot products by 1/RMS(x), whose sum of squares is gathered in the same pass over x (a separate
-first pass cost the launch a serial L2 round trip before any weight load: gate/up 18.2 us on the H200,
-against 22.7 us for the two-pass kernel in an earlier session's sweep, not side by side); with T > 1 they
-are `tl.dot` on rows padded to 16, on rows normalized in a first pass.
+and the LM head is one more `fused_linear` (RMSNorm -> x Wout^T). Each is a GEMV-shaped stream over its
+weight matrix with the small prologue/epilogue work folded in.
 
-Positions come from a device tensor, so a captured graph replays at any position without a host sync.
+**Batch-invariant rows.** Speculative decoding is lossless only if a verify step's row computes what a
+one-token decode step computes for that token. In bf16 that means the same bits: a different reduction
+order rounds differently, and a near-tie in the argmax then flips (13/20 prompts matched plain decoding
+when the T = 1 step had its own GEMV kernel and the verify rows took tensor-core tiles and cuBLAS). So
+every row count runs the same code per row:
+
+- rows go through tensor-core tiles of a fixed height (`TILE_ROWS`): one row of a decode step is row 0 of
+  a tile padded with zeros, and a row's products and their summation order do not depend on the tile's
+  other rows; more than `TILE_ROWS` rows take more tiles (program ids next to each other, so the weight
+  tile each of them loads is read from HBM once and from L2 after);
+- block sizes and split-K depend on the weight shape only (`TUNED`, `linear_config`), never on T;
+- split-K partial sums are added in split order by the last program to finish (a per-tile counter), not
+  by atomics, so the order is fixed;
+- RMSNorm's 1/RMS is a first pass over the row in fixed steps, the same for every row count;
+- attention packs the GQA heads of one row into a fixed 16-row tile at a fixed place; splits past a row's
+  position add exact zeros.
+
+`tests/test_gpu_fused.py` checks rows of T = 1..64 for equality with T = 1 bit for bit on the GPU.
 Arithmetic follows `dfvg.model` (float32 accumulation and softmax, bf16 rounding where the reference
-rounds, except the T = 1 RMSNorm above, which keeps the normalized row in float32), not bit for bit:
-`gpu/check_kernels.py` and the gpu-marked tests bound the difference.
+rounds), not bit for bit: `gpu/check_kernels.py` and the gpu-marked tests bound that difference.
 
-What this module does not cover (callers fall back to the compiled block): Qwen3's per-head q/k norm,
-head_dim not a power of two, more than `MAX_ROWS` rows, and machines without Triton.
+Not covered (callers fall back to the compiled block): Qwen3's per-head q/k norm, head_dim not a power of
+two >= 16, GQA groups over 16 heads, more than `MAX_ROWS` rows, machines without Triton.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ from torch import Tensor
 from dfvg.gpu.decode_attention import INTERPRETED, attention
 from dfvg.gpu.kernels import HAVE_TRITON
 
-MAX_ROWS = 16  # new tokens per launch (the padded tile height of the T > 1 path)
+TILE_ROWS = 16  # rows of one tensor-core tile (the smallest MMA height)
+MAX_ROWS = 64  # new tokens per launch: 4 row tiles
 
 if HAVE_TRITON:
     import triton
@@ -47,18 +55,12 @@ if HAVE_TRITON:
     from dfvg.gpu.decode_attention import _dot
 
     @triton.jit
-    def _x_tile(x_ptr, x_stride, rows, K, k0, BT: tl.constexpr, BK: tl.constexpr):
-        """Columns k0..k0+BK of the first `rows` rows of x, float32 [BT, BK] (zeros past rows and K)."""
-        t = tl.arange(0, BT)
+    def _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT: tl.constexpr, BK: tl.constexpr):
+        """Rows t0..t0+BT, columns k0..k0+BK of x as float32 (zeros past rows and K)."""
+        t = t0 + tl.arange(0, BT)
         k = k0 + tl.arange(0, BK)
         return tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
                        other=0.0).to(tl.float32)
-
-    @triton.jit
-    def _g_tile(g_ptr, K, k0, BK: tl.constexpr):
-        """Columns k0..k0+BK of the RMSNorm weight, float32 [1, BK]."""
-        k = k0 + tl.arange(0, BK)
-        return tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
 
     @triton.jit
     def _w_tile(w_ptr, row0, n_rows, K, k0, BN: tl.constexpr, BK: tl.constexpr):
@@ -68,70 +70,89 @@ if HAVE_TRITON:
                        other=0.0, eviction_policy="evict_first")
 
     @triton.jit
-    def _stream(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, K, eps, NORM: tl.constexpr,
-                PAIR: tl.constexpr, USE_DOT: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, UNROLL: tl.constexpr):
-        """A [rows, K] times weight rows row0..row0+BN (and row1.. with PAIR) over all of K -> 2x [BT, BN];
-        with NORM, A is RMSNorm(x) * g.
+    def _inv_rms(x_ptr, x_stride, rows, t0, K: tl.constexpr, eps, BT: tl.constexpr, BK: tl.constexpr):
+        """1/RMS of rows t0..t0+BT of x [BT], summed in fixed BK steps (the same order for every row count).
 
-        The weight stream is the whole cost, so the T = 1 path keeps elementwise partial products [BN, BK]
-        and reduces once after the loop: no cross-thread reduction per tile, so the loads of successive
-        tiles overlap (UNROLL of them in flight). Its RMSNorm uses RMSNorm(x) W^T = diag(1/RMS(x)) (x * g) W^T:
-        the sum of squares is gathered in the same pass as the weights and 1/RMS applied last, instead of a
-        pass over x to find the RMS first while no weight load is in flight."""
-        if USE_DOT:
-            # Tensor-core tiles take the normalized rows, 1/RMS found in a first pass over x: scaling after
-            # the dot, with the sum in the same loop, measured ~1.5x slower at T = 5 (H200, 2026-12-03,
-            # against the previous session's sweep: not side by side).
-            rstd = tl.full((BT,), 1.0, tl.float32)
+        Unrolled, so every load of x is in flight at once: a loop kept each weight load of the launch waiting
+        for one L2 round trip per step. (Summing the squares inside the weight loop and scaling after the
+        product measured slower still: the QKV launch 15.6 against 11.0 us, H200, 2026-12-04.)"""
+        sum_sq = tl.zeros((BT,), tl.float32)
+        for k0 in tl.static_range(0, K, BK):
+            x = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK)
+            sum_sq += tl.sum(x * x, axis=1)
+        return tl.rsqrt(sum_sq / K + eps)
+
+    @triton.jit
+    def _stream(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K: tl.constexpr, eps,
+                NORM: tl.constexpr, PAIR: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr):
+        """Rows t0.. of A times weight rows row0..row0+BN (and row1.. with PAIR) over columns k_lo..k_lo+k_len
+        -> float32 [BT, BN] x2; with NORM, A is RMSNorm(x) * g, rounded as `dfvg.model.RMSNorm` rounds."""
+        rstd = tl.full((BT,), 1.0, tl.float32)
+        if NORM:
+            rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, 512)
+        acc0 = tl.zeros((BT, BN), tl.float32)
+        acc1 = tl.zeros((BT, BN), tl.float32)
+        for k0 in range(k_lo, tl.minimum(k_lo + k_len, K), BK):
+            a = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK)
             if NORM:
-                sum_sq = tl.zeros((BT,), tl.float32)
-                for k0 in range(0, K, BK):
-                    x = _x_tile(x_ptr, x_stride, rows, K, k0, BT, BK)
-                    sum_sq += tl.sum(x * x, axis=1)
-                rstd = tl.rsqrt(sum_sq / K + eps)
-            acc0 = tl.zeros((BT, BN), tl.float32)
-            acc1 = tl.zeros((BT, BN), tl.float32)
-            for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
-                a = _x_tile(x_ptr, x_stride, rows, K, k0, BT, BK)
-                if NORM:  # rounded as `dfvg.model.RMSNorm` rounds
-                    a = (a * rstd[:, None]).to(tl.bfloat16).to(tl.float32) * _g_tile(g_ptr, K, k0, BK)
-                a = a.to(tl.bfloat16)
-                acc0 += _dot(a, tl.trans(_w_tile(w_ptr, row0, n_rows, K, k0, BN, BK)), F32)
-                if PAIR:
-                    acc1 += _dot(a, tl.trans(_w_tile(w_ptr, row1, n_rows, K, k0, BN, BK)), F32)
-        else:
-            part0 = tl.zeros((BN, BK), tl.float32)
-            part1 = tl.zeros((BN, BK), tl.float32)
-            squares = tl.zeros((BT, BK), tl.float32)  # sum of squares kept elementwise, summed once
-            for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
-                x = _x_tile(x_ptr, x_stride, rows, K, k0, BT, BK)
-                a = x
-                if NORM:
-                    squares += x * x
-                    a = x * _g_tile(g_ptr, K, k0, BK)
-                part0 += _w_tile(w_ptr, row0, n_rows, K, k0, BN, BK).to(tl.float32) * a
-                if PAIR:
-                    part1 += _w_tile(w_ptr, row1, n_rows, K, k0, BN, BK).to(tl.float32) * a
-            acc0 = tl.sum(part0, axis=1)[None, :]
-            acc1 = tl.sum(part1, axis=1)[None, :]
-            if NORM:
-                rstd = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)[:, None]
-                acc0 = acc0 * rstd
-                acc1 = acc1 * rstd
+                k = k0 + tl.arange(0, BK)
+                g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+                a = (a * rstd[:, None]).to(tl.bfloat16).to(tl.float32) * g
+            a = a.to(tl.bfloat16)
+            acc0 += _dot(a, tl.trans(_w_tile(w_ptr, row0, n_rows, K, k0, BN, BK)), F32)
+            if PAIR:
+                acc1 += _dot(a, tl.trans(_w_tile(w_ptr, row1, n_rows, K, k0, BN, BK)), F32)
         return acc0, acc1
 
     @triton.jit
-    def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, rows, N, K, eps,
-                       NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                       USE_DOT: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, UNROLL: tl.constexpr):
+    def _reduce_splits(acc0, acc1, part_ptr, count_ptr, tile, split, PAIR: tl.constexpr, SPLIT_K: tl.constexpr,
+                       BT: tl.constexpr, BN: tl.constexpr):
+        """Split-K in a fixed order: each split stores its partial sums, and the program that finishes last
+        adds splits 0, 1, ... in that order (so the sum does not depend on which finished first) and resets
+        the tile's counter for the next launch. Returns (sum0, sum1, is_last)."""
+        offs = tl.arange(0, BT)[:, None] * BN + tl.arange(0, BN)[None, :]
+        slot = part_ptr + tile * (SPLIT_K * 2 * BT * BN)
+        tl.store(slot + split * (2 * BT * BN) + offs, acc0)
+        if PAIR:
+            tl.store(slot + split * (2 * BT * BN) + BT * BN + offs, acc1)
+        tl.debug_barrier()
+        last = tl.atomic_add(count_ptr + tile, 1) == SPLIT_K - 1
+        sum0 = tl.zeros((BT, BN), tl.float32)
+        sum1 = tl.zeros((BT, BN), tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            sum0 += tl.load(slot + s * (2 * BT * BN) + offs, mask=last, other=0.0, cache_modifier=".cg")
+            if PAIR:
+                sum1 += tl.load(slot + s * (2 * BT * BN) + BT * BN + offs, mask=last, other=0.0,
+                                cache_modifier=".cg")
+        tl.atomic_xchg(count_ptr + tile, 0, mask=last)
+        return sum0, sum1, last
+
+    @triton.jit
+    def _program(pid, rows, SPLIT_K: tl.constexpr, BT: tl.constexpr):
+        """(output block, K split, row tile, tile id) of a program: row tiles vary fastest, then splits, so
+        the programs that read one weight block run together and share it through L2."""
+        row_tiles = tl.cdiv(rows, BT)
+        rt = pid % row_tiles
+        block = pid // (row_tiles * SPLIT_K)
+        return block, (pid // row_tiles) % SPLIT_K, rt, block * row_tiles + rt
+
+    @triton.jit(do_not_specialize=["rows"])
+    def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
+                       K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, SPLIT_K: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
-        n0 = tl.program_id(0) * BN
+        block, split, rt, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
+        n0 = block * BN
         n_rows = 2 * N if SWIGLU else N
-        acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, K, eps, NORM, SWIGLU,
-                              USE_DOT, F32, BT, BN, BK, UNROLL)
-        t = tl.arange(0, BT)
+        acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, rt * BT, split * k_len,
+                              k_len, K, eps, NORM, SWIGLU, F32, BT, BN, BK)
+        last = True
+        if SPLIT_K > 1:
+            acc, acc_up, last = _reduce_splits(acc, acc_up, part_ptr, count_ptr, tile, split, SWIGLU, SPLIT_K, BT,
+                                               BN)
+        t = rt * BT + tl.arange(0, BT)
         n = n0 + tl.arange(0, BN)
         if HAS_BIAS:
             acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
@@ -140,171 +161,192 @@ if HAVE_TRITON:
             acc = (gate / (1.0 + tl.exp(-gate))).to(tl.bfloat16).to(tl.float32) * acc_up.to(tl.bfloat16).to(
                 tl.float32)
         where = t[:, None] * N + n[None, :]
-        valid = (t[:, None] < rows) & (n[None, :] < N)
+        valid = (t[:, None] < rows) & (n[None, :] < N) & last
         if HAS_RES:
             acc = acc.to(tl.bfloat16).to(tl.float32) + tl.load(res_ptr + where, mask=valid, other=0.0).to(tl.float32)
         tl.store(out_ptr + where, acc.to(out_ptr.dtype.element_ty), mask=valid)
 
-    @triton.jit
-    def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
-                         rows, K, eps, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
-                         HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr,
-                         BN: tl.constexpr, BK: tl.constexpr, UNROLL: tl.constexpr):
-        """Program (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
+    @triton.jit(do_not_specialize=["rows"])
+    def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, part_ptr,
+                         count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                         HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr,
+                         BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr):
+        """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at pos."""
         HALF: tl.constexpr = HD // 2
         chunks: tl.constexpr = HALF // BN
-        head = tl.program_id(0) // chunks
-        lo = (tl.program_id(0) % chunks) * BN + tl.arange(0, BN)  # column within the head's first half
-        row_lo = head * HD + (tl.program_id(0) % chunks) * BN
+        block, split, rt, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
+        head = block // chunks
+        lo = (block % chunks) * BN + tl.arange(0, BN)  # column within the head's first half
+        row_lo = head * HD + (block % chunks) * BN
         acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
-                                 rows, K, eps, True, True, USE_DOT, F32, BT, BN, BK, UNROLL)
+                                 rows, rt * BT, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK)
+        last = True
+        if SPLIT_K > 1:
+            acc_lo, acc_hi, last = _reduce_splits(acc_lo, acc_hi, part_ptr, count_ptr, tile, split, True, SPLIT_K,
+                                                  BT, BN)
         if HAS_BIAS:
             acc_lo += tl.load(b_ptr + head * HD + lo).to(tl.float32)[None, :]
             acc_hi += tl.load(b_ptr + head * HD + HALF + lo).to(tl.float32)[None, :]
         x_lo = acc_lo.to(tl.bfloat16).to(tl.float32)  # the projection's bf16 output, as the reference has it
         x_hi = acc_hi.to(tl.bfloat16).to(tl.float32)
-        t = tl.arange(0, BT)
+        t = rt * BT + tl.arange(0, BT)
         live = t < rows
-        pos = tl.load(pos_ptr + t, mask=live, other=0)
+        pos = tl.load(pos_ptr + t, mask=live, other=0).to(tl.int32)
         if head < HEADS + KV_HEADS:  # q and k heads are rotated; v heads are stored as they are
-            cos_lo = tl.load(cos_ptr + pos[:, None] * HD + lo[None, :], mask=live[:, None], other=0.0)
-            sin_lo = tl.load(sin_ptr + pos[:, None] * HD + lo[None, :], mask=live[:, None], other=0.0)
-            cos_hi = tl.load(cos_ptr + pos[:, None] * HD + HALF + lo[None, :], mask=live[:, None], other=0.0)
-            sin_hi = tl.load(sin_ptr + pos[:, None] * HD + HALF + lo[None, :], mask=live[:, None], other=0.0)
-            cos_lo, sin_lo = cos_lo.to(tl.bfloat16).to(tl.float32), sin_lo.to(tl.bfloat16).to(tl.float32)
-            cos_hi, sin_hi = cos_hi.to(tl.bfloat16).to(tl.float32), sin_hi.to(tl.bfloat16).to(tl.float32)
+            at = pos[:, None] * HD + lo[None, :]
+            cos_lo = tl.load(cos_ptr + at, mask=live[:, None], other=0.0).to(tl.bfloat16).to(tl.float32)
+            sin_lo = tl.load(sin_ptr + at, mask=live[:, None], other=0.0).to(tl.bfloat16).to(tl.float32)
+            cos_hi = tl.load(cos_ptr + at + HALF, mask=live[:, None], other=0.0).to(tl.bfloat16).to(tl.float32)
+            sin_hi = tl.load(sin_ptr + at + HALF, mask=live[:, None], other=0.0).to(tl.bfloat16).to(tl.float32)
             y_lo = x_lo * cos_lo - x_hi * sin_lo
             y_hi = x_hi * cos_hi + x_lo * sin_hi
         else:
             y_lo = x_lo
             y_hi = x_hi
-        mask = live[:, None] & (lo[None, :] < HALF)
+        mask = live[:, None] & (lo[None, :] < HALF) & last
         if head < HEADS:
-            q_at = t[:, None] * (HEADS * HD) + head * HD + lo[None, :]
-            tl.store(q_ptr + q_at, y_lo.to(tl.bfloat16), mask=mask)
-            tl.store(q_ptr + q_at + HALF, y_hi.to(tl.bfloat16), mask=mask)
+            at = t[:, None] * (HEADS * HD) + head * HD + lo[None, :]
+            dest = q_ptr
         elif head < HEADS + KV_HEADS:
-            k_at = pos[:, None] * (KV_HEADS * HD) + (head - HEADS) * HD + lo[None, :]
-            tl.store(kc_ptr + k_at, y_lo.to(tl.bfloat16), mask=mask)
-            tl.store(kc_ptr + k_at + HALF, y_hi.to(tl.bfloat16), mask=mask)
+            at = pos[:, None] * (KV_HEADS * HD) + (head - HEADS) * HD + lo[None, :]
+            dest = kc_ptr
         else:
-            v_at = pos[:, None] * (KV_HEADS * HD) + (head - HEADS - KV_HEADS) * HD + lo[None, :]
-            tl.store(vc_ptr + v_at, y_lo.to(tl.bfloat16), mask=mask)
-            tl.store(vc_ptr + v_at + HALF, y_hi.to(tl.bfloat16), mask=mask)
+            at = pos[:, None] * (KV_HEADS * HD) + (head - HEADS - KV_HEADS) * HD + lo[None, :]
+            dest = vc_ptr
+        tl.store(dest + at, y_lo.to(tl.bfloat16), mask=mask)
+        tl.store(dest + at + HALF, y_hi.to(tl.bfloat16), mask=mask)
 
 
-def _tiles(rows: int) -> tuple[bool, int]:
-    """(use tensor-core dot, padded tile height): T = 1 multiply-and-sum; T > 1 `tl.dot` on 16-row tiles.
-
-    (Multiply-and-sum over [T, BN, BK] partials for T > 1 was measured 1.5-16x slower on the H200: the
-    partials spill out of registers; benchmarks/RESULTS.md.)"""
-    return (False, 1) if rows == 1 else (True, MAX_ROWS)
-
-
-def rows_bucket(rows: int) -> int:
-    """The row counts that share tuned block sizes: 1 (decode), 2..8 (k <= 7 verify, catch-up), 9..16."""
-    return 1 if rows == 1 else (8 if rows <= 8 else 16)
-
-
-# Per-shape block sizes measured best on the H200 (benchmarks/gpu_decode.py --sweep --quick, 2026-12-03, the
-# sweep that the real-pair run of benchmarks/RESULTS.md applied; Qwen2.5-Coder-1.5B shapes; the LM head rows
-# of that sweep are left out: the head stays cuBLAS): (N, K, rows_bucket) -> config. Other shapes take
-# `linear_config`'s defaults.
-TUNED: dict[tuple[int, int, int], dict] = {
-    (1536, 1536, 1): {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4},
-    (8960, 1536, 1): {"BN": 4, "BK": 256, "UNROLL": 4, "num_warps": 4},
-    (1536, 8960, 1): {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4},
-    (1536, 1536, 8): {"BN": 16, "BK": 256, "UNROLL": 1, "num_warps": 4},
-    (8960, 1536, 8): {"BN": 32, "BK": 128, "UNROLL": 1, "num_warps": 4},
-    (1536, 8960, 8): {"BN": 16, "BK": 256, "UNROLL": 1, "num_warps": 4},
-    (1536, 1536, 16): {"BN": 16, "BK": 256, "UNROLL": 1, "num_warps": 4},
-    (8960, 1536, 16): {"BN": 32, "BK": 128, "UNROLL": 1, "num_warps": 4},
-    (1536, 8960, 16): {"BN": 16, "BK": 256, "UNROLL": 1, "num_warps": 4},
+# Block sizes per weight shape (N, K), measured best on the H200 by benchmarks/gpu_rows.py --sweep for the
+# Qwen2.5-Coder-1.5B shapes; other shapes take `linear_config`'s defaults. Keyed by shape only: block sizes
+# that changed with the row count would change the summation order (module docstring).
+TUNED: dict[tuple[int, int], dict] = {
+    (2048, 1536): {"BN": 32, "BK": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3},
+    (1536, 1536): {"BN": 16, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
+    (8960, 1536): {"BN": 32, "BK": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
+    (1536, 8960): {"BN": 32, "BK": 128, "SPLIT_K": 8, "num_warps": 4, "num_stages": 4},
+    (151936, 1536): {"BN": 64, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
 }
 
 
 def tuned_rows() -> list[list]:
-    """`TUNED` as JSON-able rows [N, K, rows_bucket, config] (gpu_decode.py --sweep writes them)."""
-    return [[n, k, bucket, config] for (n, k, bucket), config in TUNED.items()]
+    """`TUNED` as JSON-able rows [N, K, config] (gpu_rows.py --sweep writes them)."""
+    return [[n, k, config] for (n, k), config in TUNED.items()]
 
 
 def apply_tuned(rows: list[list]) -> None:
     """Put rows of `tuned_rows` (e.g. a sweep made on this machine) into `TUNED`."""
-    for n, k, bucket, config in rows:
-        TUNED[(n, k, bucket)] = config
+    for n, k, config in rows:
+        TUNED[(n, k)] = config
 
 
-def linear_config(n: int, k: int, rows: int) -> dict:
-    """Block sizes of a GEMV-shaped launch: the tuned entry for this shape, else a default that suits
-    the H200 sweep's shapes. BN weight rows per program, BK columns per tile, UNROLL tiles in flight."""
-    tuned = TUNED.get((n, k, rows_bucket(rows)))
+def linear_config(n: int, k: int) -> dict:
+    """Block sizes of a weight shape: the tuned entry, else a default. BN weight rows per program (>= 16,
+    the MMA width), BK columns per step, SPLIT_K programs sharing K (enough programs for a small N)."""
+    tuned = TUNED.get((n, k))
     if tuned is not None:
         return tuned
-    if rows == 1:
-        return {"BN": 2, "BK": 1024, "UNROLL": 2, "num_warps": 4} if n <= 4096 else {
-            "BN": 4, "BK": 512, "UNROLL": 2, "num_warps": 4}
-    return {"BN": 32 if n > 4096 else 16, "BK": 128 if n > 4096 else 256, "UNROLL": 1, "num_warps": 4}
+    block_n = 32 if n >= 4096 else 16
+    blocks = -(-n // block_n)
+    split = 1
+    while blocks * split < 264 and k // (split * 2) >= 256:  # ~2 programs per SM on a 132-SM H200
+        split *= 2
+    return {"BN": block_n, "BK": 128, "SPLIT_K": split, "num_warps": 4, "num_stages": 3}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _split_buffers(cfg: dict, blocks: int, rows: int, k: int, device, counters: Tensor | None):
+    """(k_len, partials, counters) of a split-K launch: K columns per split, the float32 partial sums and the
+    zeroed per-tile counters (a caller's buffer, reset by the kernel after use, or a new one)."""
+    split, tiles = cfg["SPLIT_K"], blocks * _cdiv(rows, TILE_ROWS)
+    k_len = _cdiv(_cdiv(k, split), cfg["BK"]) * cfg["BK"]  # whole BK steps per split
+    if split == 1:
+        dummy = torch.empty(1, dtype=torch.int32, device=device)
+        return k_len, dummy, dummy
+    parts = torch.empty(tiles * split * 2 * TILE_ROWS * cfg["BN"], dtype=torch.float32, device=device)
+    if counters is None or counters.numel() < tiles:
+        counters = torch.zeros(tiles, dtype=torch.int32, device=device)
+    return k_len, parts, counters
 
 
 def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias: Tensor | None = None,
                  residual: Tensor | None = None, swiglu: bool = False, eps: float = 1e-6,
-                 out_dtype: torch.dtype | None = None, config: dict | None = None) -> Tensor:
+                 out_dtype: torch.dtype | None = None, config: dict | None = None,
+                 counters: Tensor | None = None) -> Tensor:
     """x [T, K] bf16 -> [T, N]: residual + (RMSNorm?(x) W^T + bias), or the SwiGLU pair of W's halves.
 
     weight [N, K] ([2N, K] with swiglu: gate rows then up rows, as `FeedForward.w13`); norm is the RMSNorm
-    weight; residual [T, N]. One launch; T <= MAX_ROWS; x's rows must be contiguous."""
+    weight; residual [T, N]; counters: a zeroed int32 scratch for split-K (one per forward suffices).
+    One launch; T <= MAX_ROWS; x's rows must be contiguous."""
     rows, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
-    cfg = {**linear_config(n, k, rows), **(config or {})}
-    use_dot, bt = _tiles(rows)
+    cfg = {**linear_config(n, k), **(config or {})}
+    blocks = triton.cdiv(n, cfg["BN"])
+    k_len, parts, counters = _split_buffers(cfg, blocks, rows, k, x.device, counters)
     out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
-    dummy = weight
-    _linear_kernel[(triton.cdiv(n, cfg["BN"]),)](
-        x, x.stride(0), norm if norm is not None else dummy, weight, bias if bias is not None else dummy,
-        residual if residual is not None else dummy, out, rows, n, k, eps,
+    _linear_kernel[(blocks * cfg["SPLIT_K"] * triton.cdiv(rows, TILE_ROWS),)](
+        x, x.stride(0), norm if norm is not None else weight, weight, bias if bias is not None else weight,
+        residual if residual is not None else weight, out, parts, counters, rows, n, k, k_len, eps,
         NORM=norm is not None, SWIGLU=swiglu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        USE_DOT=use_dot, F32=INTERPRETED, BT=bt, BN=cfg["BN"], BK=cfg["BK"], UNROLL=cfg["UNROLL"],
-        num_warps=cfg["num_warps"])
+        F32=INTERPRETED, BT=TILE_ROWS, BN=cfg["BN"], BK=cfg["BK"], SPLIT_K=cfg["SPLIT_K"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
 
 
 def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: Tensor, cos: Tensor,
-             sin: Tensor, kc: Tensor, vc: Tensor, dims: tuple, config: dict | None = None) -> Tensor:
+             sin: Tensor, kc: Tensor, vc: Tensor, dims: tuple, config: dict | None = None,
+             counters: Tensor | None = None) -> Tensor:
     """RMSNorm + QKV projection + RoPE; writes k/v into kc/vc [S, KV, hd] at pos; returns q [T, H*hd]."""
     heads, kv_heads, hd, _, eps = dims
     rows, k = x.shape
-    cfg = {**linear_config(weight.shape[0], k, rows), **(config or {})}
-    use_dot, bt = _tiles(rows)
-    block_n = min(cfg["BN"], hd // 2)
+    cfg = {**linear_config(weight.shape[0], k), **(config or {})}
+    cfg["BN"] = min(cfg["BN"], hd // 2)
+    blocks = (heads + 2 * kv_heads) * (hd // 2 // cfg["BN"])
+    k_len, parts, counters = _split_buffers(cfg, blocks, rows, k, x.device, counters)
     q = torch.empty(rows, heads * hd, dtype=x.dtype, device=x.device)
-    grid = ((heads + 2 * kv_heads) * (hd // 2 // block_n),)
-    _qkv_rope_kernel[grid](x, norm, weight, bias if bias is not None else weight, pos, cos, sin, q, kc, vc,
-                           rows, k, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None,
-                           USE_DOT=use_dot, F32=INTERPRETED, BT=bt, BN=block_n, BK=cfg["BK"],
-                           UNROLL=cfg["UNROLL"], num_warps=cfg["num_warps"])
+    _qkv_rope_kernel[(blocks * cfg["SPLIT_K"] * triton.cdiv(rows, TILE_ROWS),)](
+        x, norm, weight, bias if bias is not None else weight, pos, cos, sin, q, kc, vc, parts, counters, rows, k,
+        k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None, F32=INTERPRETED,
+        BT=TILE_ROWS, BN=cfg["BN"], BK=cfg["BK"], SPLIT_K=cfg["SPLIT_K"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     return q
 
 
+COUNTERS = 16384  # split-K counters one forward shares (output tiles of its widest split launch)
+
+
+def new_counters(device) -> Tensor:
+    """Zeroed split-K counters for one forward: every launch of it reuses them (each resets what it used)."""
+    return torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+
+
 def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, vc: Tensor, w: tuple,
-                  dims: tuple) -> Tensor:
+                  dims: tuple, counters: Tensor | None = None) -> Tensor:
     """One decoder layer on x [T, D] (bf16) at positions pos [T]: the launches of the module docstring.
 
     w as `dfvg.gpu.block.layer_weights` (q/k norm must be None); kc/vc [S, KV, hd]; cos/sin [S, hd] fp32."""
     attn_norm, wqkv, wqkv_b, wo, wo_b, _q_norm, _k_norm, ffn_norm, w13, w2 = w
     eps = dims[4]
-    q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims)
-    x = fused_linear(attention(q, kc, vc, pos, dims), wo, bias=wo_b, residual=x)
-    h = fused_linear(x, w13, norm=ffn_norm, swiglu=True, eps=eps)
-    if CUBLAS_DOWN_PROJECTION and x.shape[0] > 1:
-        return x + torch.nn.functional.linear(h, w2)
-    return fused_linear(h, w2, residual=x)
+    counters = counters if counters is not None else new_counters(x.device)
+    q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims, counters=counters)
+    x = fused_linear(attention(q, kc, vc, pos, dims), wo, bias=wo_b, residual=x, counters=counters)
+    h = fused_linear(x, w13, norm=ffn_norm, swiglu=True, eps=eps, counters=counters)
+    return fused_linear(h, w2, residual=x, counters=counters)
 
 
-# With T > 1 rows cuBLAS streams the long-K down projection (8960 x 1536) in 12 us against the fused
-# kernel's 21 us on the H200 (at T = 1 the fused one wins, 9.4 vs 11.9 us); the residual add is then one
-# more small launch. benchmarks/RESULTS.md has the sweep.
-CUBLAS_DOWN_PROJECTION = True
+def logits(model, x: Tensor, counters: Tensor | None = None) -> Tensor:
+    """Final RMSNorm + LM head on x [T, D] -> float32 logits [T, V], rounded to bf16 first as
+    `Transformer.logits` rounds; a row-invariant launch, unlike cuBLAS, whose kernel choice depends on T."""
+    out = fused_linear(x, model.output.weight, norm=model.norm.weight, eps=model.config.rms_norm_eps,
+                       counters=counters).float()
+    if model.config.head_vocab_size:
+        full = out.new_full((out.shape[0], model.config.vocab_size), float("-inf"))
+        out = full.index_copy_(-1, model.head_token_ids, out)
+    return out
 
 
 def supported(model) -> str | None:
@@ -320,4 +362,6 @@ def supported(model) -> str | None:
         return "per-head q/k RMSNorm (Qwen3) is not fused"
     if cfg.head_dim & (cfg.head_dim - 1) or cfg.head_dim < 16:
         return f"head_dim {cfg.head_dim} is not a power of two >= 16"
+    if cfg.num_heads // cfg.num_kv_heads > 16:
+        return f"{cfg.num_heads // cfg.num_kv_heads} query heads per kv head is over the attention tile's 16"
     return None

@@ -105,12 +105,14 @@ class GraphModel:
     def _fused_forward(self, ids: Tensor, pos: Tensor, last_only: bool) -> Tensor:
         m = self.model
         x = m.embed(ids)[0]  # [T, D]
+        counters = fused.new_counters(x.device)  # one zeroed split-K scratch for every launch of this pass
         for layer, w in zip(m.layers, self.weights, strict=True):
             cache = layer.attention.kv_cache
-            x = fused.layer_forward(x, pos, m.rope_cos, m.rope_sin, cache.k[0], cache.v[0], w, self.dims)
+            x = fused.layer_forward(x, pos, m.rope_cos, m.rope_sin, cache.k[0], cache.v[0], w, self.dims,
+                                    counters)
         if last_only:
-            x = x[-1:]
-        return m.logits(x[None])[0]  # cuBLAS streams the 152k-row head faster than the fused GEMV (115 vs 136 us)
+            x = x[-1:].contiguous()
+        return fused.logits(m, x, counters)  # the head as a row-invariant launch too (fused module docstring)
 
     def capture(self, key, body: Callable[[], Tensor], warmup: int = 2,
                 before: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph | EagerReplay, Tensor]:
@@ -190,7 +192,7 @@ def token_graph(gm: GraphModel, tokens: list[int], start_pos: int, last_only: bo
     return runner
 
 
-PREFILL_CHUNK = fused.MAX_ROWS  # prompt tokens per graph replay in `graph_prefill`
+PREFILL_CHUNK = fused.TILE_ROWS  # prompt tokens per graph replay in `graph_prefill`
 
 
 def graph_prefill(gm: GraphModel, tokens: list[int], start_pos: int = 0) -> None:

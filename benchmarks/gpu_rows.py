@@ -1,0 +1,232 @@
+"""Cost of a T-row step against a one-row decode step, at growing contexts, and whether rows are batch-invariant.
+
+    python benchmarks/gpu_rows.py --out $OUT                 # on the H200: writes gpu_rows.json (+ .png)
+    python benchmarks/gpu_rows.py --sweep --out $OUT         # first sweep block sizes per weight shape
+
+Random bf16 weights of the Qwen2.5-Coder-1.5B target's exact shapes (timing and bit-invariance depend on
+the shapes only; token-level results are gpu_speed.py's). Each row is the product's own code path:
+`GraphModel.forward` with the fused Triton layers, captured in one CUDA graph per (T, context) and timed
+by CUDA events around replays (medians). What it measures:
+
+1. `--sweep`: each weight shape's launch alone (28 copies in one graph, so L2 never holds the matrix) over
+   block sizes, at T = 1 and T = 5; the best (sum of both) goes into `fused.TUNED` for the rest of the run
+   and into tuned.json (gpu_speed.py --tuned applies it to the real pair);
+2. the whole target step at T = 1 .. 64 rows at 512, 2k, 8k and 32k tokens of context: ms, the ratio to
+   T = 1 at the same context, and the bytes streamed (weights + the K/V cache read) per second;
+3. cuBLAS GEMMs of the same weight shapes for 1 / 5 / 16 / 64 rows in one graph (the physics beside it);
+4. batch invariance on the whole model: logits of a T-row step against T one-row steps from the same
+   cache, bit for bit (`rows_identical` per T).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu_decode import SHAPES, graph_of, random_model, rotating  # noqa: E402
+from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
+from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
+from dfvg.gpu import fused  # noqa: E402
+from dfvg.gpu.graphs import GraphModel, capture_graph  # noqa: E402
+
+ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 32, 64)
+CONTEXTS = (512, 2048, 8192, 32704)  # 32k: the model's 32,768 less the graph model's scratch slots
+
+
+def shapes(cfg) -> dict[str, tuple[int, int, dict]]:
+    """name -> (N seen by the launch, K, fused_linear options) of the target's weight-streaming launches."""
+    d, i = cfg.hidden_size, cfg.intermediate_size
+    return {"wqkv": (cfg.qkv_size, d, {}), "wo": (d, cfg.num_heads * cfg.head_dim, {"residual": True}),
+            "w13": (i, d, {"norm": True, "swiglu": True}), "w2": (d, i, {"residual": True}),
+            "lm_head": (cfg.vocab_size, d, {"norm": True})}
+
+
+def sweep_grid(n: int, k: int, norm: bool) -> list[dict]:
+    """Block sizes to try: split-K where the output blocks alone leave SMs idle (< 4 per SM); launches with
+    RMSNorm read the whole row first, so they split only up to 4 ways."""
+    return [{"BN": bn, "BK": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
+            for bn in (16, 32, 64) for bk in (128, 256) for split in (1, 2, 4, 8) for warps in (4, 8)
+            for stages in (3, 4)
+            if (split == 1 or (-(-n // bn) < 528 and (split <= 4 or not norm))) and k // split >= bk]
+
+
+def launch_of(cfg, name: str, n: int, k: int, opts: dict, rows: int):
+    """A callable(weight, config) that runs the fused launch of one weight shape at `rows` rows."""
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    g = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    if name == "wqkv":
+        hd, slots = cfg.head_dim, 1024
+        dims = (cfg.num_heads, cfg.num_kv_heads, hd, cfg.intermediate_size, cfg.rms_norm_eps)
+        pos = torch.arange(400, 400 + rows, device="cuda")
+        cos, sin = torch.randn(slots, hd, device="cuda"), torch.randn(slots, hd, device="cuda")
+        kc = torch.zeros(slots, cfg.num_kv_heads, hd, device="cuda", dtype=torch.bfloat16)
+        return lambda w, c: fused.qkv_rope(x, g, w, None, pos, cos, sin, kc, kc.clone(), dims, c)
+    kwargs = {"norm": g if opts.get("norm") else None, "residual": res if opts.get("residual") else None,
+              "swiglu": opts.get("swiglu", False)}
+    return lambda w, c: fused.fused_linear(x, w, config=c, **kwargs)
+
+
+def time_launch(launch, weights: list, config: dict | None) -> float | None:
+    """Microseconds per launch (28 in one graph, rotating weight copies); None if Triton cannot build it."""
+    try:
+        graph = graph_of(rotating(lambda w: launch(w, config), weights), 28)
+        return cuda_median_ms(graph.replay, 20) * 1000 / 28
+    except Exception as exc:  # a config that does not compile is a sweep result, not a crash
+        print(f"    {config}: {str(exc)[:120]}", flush=True)
+        return None
+
+
+def sweep(cfg) -> list[dict]:
+    """Every shape x config at T = 1 and 5; the best by the sum goes into fused.TUNED."""
+    results = []
+    for name, (n, k, opts) in shapes(cfg).items():
+        rows_n = 2 * n if opts.get("swiglu") else n
+        copies = max(2, min(28, -(-240_000_000 // (rows_n * k * 2))))
+        weights = [torch.randn(rows_n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        launches = {t: launch_of(cfg, name, n, k, opts, t) for t in (1, 5)}
+        norm = name == "wqkv" or opts.get("norm", False)
+        grid = [c for c in sweep_grid(n, k, norm) if name != "wqkv" or c["BN"] <= cfg.head_dim // 2]
+        for config in grid:
+            us = {t: time_launch(launches[t], weights, config) for t in (1, 5)}
+            if None not in us.values():
+                results.append({"shape": name, "n": n, "k": k, "config": config, "us_T1": us[1], "us_T5": us[5],
+                                "TB_s_T1": rows_n * k * 2 / us[1] / 1e6})
+        mine = [r for r in results if r["shape"] == name]
+        best = min(mine, key=lambda r: r["us_T1"] + r["us_T5"])
+        fused.apply_tuned([[n, k, best["config"]]])
+        best["best"] = True
+        print(f"  {name:8s} {n}x{k}: best {best['config']} T=1 {best['us_T1']:.1f} us ({best['TB_s_T1']:.2f} "
+              f"TB/s), T=5 {best['us_T5']:.1f} us", flush=True)
+        del weights
+    return results
+
+
+def step_graph(gm: GraphModel, rows: int, context: int):
+    """The captured target step of `rows` tokens whose last one sits at position context - 1."""
+    ids = torch.randint(0, gm.model.config.vocab_size, (1, rows), device="cuda")
+    pos = torch.arange(context - rows, context, device="cuda")
+    graph, _ = capture_graph(lambda: gm.forward(ids, pos), gm.device)
+    return graph
+
+
+def step_times(gm: GraphModel, weight_bytes: int, kv_bytes_per_token: int) -> list[dict]:
+    out = []
+    for context in CONTEXTS:
+        base = None
+        for rows in ROWS:
+            ms = cuda_median_ms(step_graph(gm, rows, context).replay, 30)
+            base = base or ms
+            moved = weight_bytes + kv_bytes_per_token * context
+            out.append({"context": context, "T": rows, "ms": ms, "ratio_to_T1": ms / base,
+                        "bytes": moved, "TB_s": moved / (ms * 1e-3) / 1e12})
+            print(f"  context {context:6d} T={rows:3d}: {ms:.3f} ms ({ms / base:.2f}x T=1, "
+                  f"{out[-1]['TB_s']:.2f} TB/s)", flush=True)
+    return out
+
+
+def cublas_times(cfg) -> list[dict]:
+    """The weight GEMMs of one target step (28 layers + head) through cuBLAS in one graph, per row count."""
+    weights = [torch.randn(n * (2 if o.get("swiglu") else 1), k, device="cuda", dtype=torch.bfloat16)
+               for _ in range(cfg.num_layers) for n, k, o in list(shapes(cfg).values())[:4]]
+    head = torch.randn(cfg.vocab_size, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    out = []
+    for rows in (1, 5, 16, 64):
+        xs = {w.shape[1]: torch.randn(rows, w.shape[1], device="cuda", dtype=torch.bfloat16) for w in weights}
+        graph = graph_of(lambda xs=xs: [F.linear(xs[w.shape[1]], w) for w in weights + [head]])
+        out.append({"T": rows, "ms": cuda_median_ms(graph.replay, 30)})
+        print(f"  cuBLAS GEMMs of one step, T={rows}: {out[-1]['ms']:.3f} ms", flush=True)
+    return out
+
+
+@torch.inference_mode()
+def invariance(gm: GraphModel, context: int = 600) -> list[dict]:
+    """Logits of one T-row step against T one-row steps over the same tokens and cache, bit for bit."""
+    vocab = gm.model.config.vocab_size
+    caches = [layer.attention.kv_cache for layer in gm.model.layers]
+    for c in caches:
+        c.k.normal_()
+        c.v.normal_()
+    history = [(c.k.clone(), c.v.clone()) for c in caches]
+    out = []
+    for rows in (2, 5, 9, 16, 17, 33, 64):
+        ids = torch.randint(0, vocab, (1, rows), device="cuda")
+        pos = torch.arange(context, context + rows, device="cuda")
+        together = gm.forward(ids, pos)
+        for c, (k, v) in zip(caches, history, strict=True):
+            c.k.copy_(k)
+            c.v.copy_(v)
+        alone = torch.cat([gm.forward(ids[:, i:i + 1], pos[i:i + 1]) for i in range(rows)])
+        same = (together == alone).all(-1)
+        out.append({"T": rows, "rows_identical": int(same.sum()), "rows": rows,
+                    "argmax_identical": int((together.argmax(-1) == alone.argmax(-1)).sum()),
+                    "max_abs_diff": (together - alone).abs().max().item()})
+        print(f"  invariance T={rows}: {out[-1]['rows_identical']}/{rows} rows bit-identical", flush=True)
+    return out
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for t in (1, 5, 16, 64):
+        mine = [r for r in rows if r["T"] == t]
+        ax.plot([r["context"] for r in mine], [r["ms"] for r in mine], marker="o", label=f"T = {t}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("ms per target step (measured, H200)")
+    ax.set_title("Qwen2.5-Coder-1.5B shapes, bf16, fused layers")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=".")
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply instead of sweeping")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("gpu_rows.py needs a CUDA GPU (this machine has none)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = SHAPES["qwen2.5-coder-1.5b"]
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
+              "provenance": "measured"}
+    if args.tuned:
+        fused.apply_tuned(json.loads(Path(args.tuned).read_text()))
+    if args.sweep:
+        result["sweep"] = sweep(cfg)
+        (out / "tuned.json").write_text(json.dumps(fused.tuned_rows()))
+    result["tuned"] = fused.tuned_rows()
+    model = random_model(cfg)
+    gm = GraphModel(model, compile_blocks=False, fused_layers=True)
+    gm.ensure_cache(max(CONTEXTS) + max(ROWS))
+    weight_bytes = sum(p.numel() * 2 for n, p in model.named_parameters() if n != "tok_embeddings.weight")
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    result |= {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
+               "floor_ms": weight_bytes / (COPY_TB_S * 1e12) * 1e3, "invariance": invariance(gm),
+               "steps": step_times(gm, weight_bytes, kv_per_token), "cublas": cublas_times(cfg)}
+    t1 = next(r for r in result["steps"] if r["T"] == 1 and r["context"] == CONTEXTS[0])
+    result["fraction_of_floor_T1_512"] = result["floor_ms"] / t1["ms"]
+    short = [r["ratio_to_T1"] for r in result["steps"] if r["context"] == CONTEXTS[0]]
+    result["max_ratio_T_le_64_at_512"] = max(short)
+    (out / "gpu_rows.json").write_text(json.dumps(result, indent=1))
+    plot(result["steps"], out / "gpu_rows.png")
+    print(json.dumps({k: result[k] for k in ("floor_ms", "fraction_of_floor_T1_512", "max_ratio_T_le_64_at_512")}))
+
+
+if __name__ == "__main__":
+    main()
