@@ -38,7 +38,7 @@ def add_arguments(p) -> None:
     from benchmarks.gpu_speed import draft_lengths
 
     p.add_argument("--llama-src", default=str(SOURCE), help="llama.cpp source tarball (llama_cpp_source.sh)")
-    p.add_argument("--llama-build", default=None, help="build folder (default <work-dir>/llama.cpp); reused")
+    p.add_argument("--llama-build", default=None, help="unpack and build here (default <work-dir>/peers); reused")
     p.add_argument("--llama-draft-max", default="4,8,16", type=draft_lengths,
                    help="llama-speculative draft lengths tried on the validation prompts")
     p.add_argument("--llama-validation", type=int, default=3, help="first N prompts choose the draft length")
@@ -47,12 +47,12 @@ def add_arguments(p) -> None:
 
 
 def build_dir(args) -> Path:
-    return Path(args.llama_build or Path(args.work_dir) / "llama.cpp")
+    return Path(args.llama_build or Path(args.work_dir) / "peers")
 
 
 def refusal(args) -> str | None:
     """The one-line reason this phase cannot start (checked before any phase runs), or None."""
-    bins = build_dir(args) / "build/bin"
+    bins = build_dir(args) / "llama.cpp/build/bin"
     if args.tiny:
         return "error: --phases llama_cpp runs the real GGUFs; drop --tiny"
     if args.skip_draft:
@@ -63,9 +63,12 @@ def refusal(args) -> str | None:
     for name in ("qwen2.5-coder-1.5b-instruct.gguf", "qwen2.5-coder-0.5b-instruct.gguf"):
         if not (Path(args.gguf_dir) / name).is_file():
             return f"error: {Path(args.gguf_dir) / name} not found: pass --gguf-dir with both GGUFs"
-    if args.llama_validation < 1 or args.llama_validation >= args.prompts:
+    if not Path(args.prompts_file).is_file():
+        return f"error: --prompts-file {args.prompts_file} not found: write it with gpu_speed.py --write-prompts"
+    count = min(args.prompts, len(json.loads(Path(args.prompts_file).read_text())))
+    if not 1 <= args.llama_validation < count:
         return (f"error: --llama-validation {args.llama_validation} must be >= 1 and leave held-out prompts "
-                f"(--prompts {args.prompts})")
+                f"({count} prompts)")
     return None
 
 
@@ -224,10 +227,19 @@ def speculative_run(name: str, prompts: list[dict], indices: list[int], run_one)
     return result
 
 
+def generated_text(stdout: str, prompt: str) -> str | None:
+    """The continuation llama-speculative printed: its stdout is "\n\n" + prompt + new text + "\n\n" twice (None if
+    the echoed prompt differs), kept so its text can be set beside DFVG's decoded tokens later."""
+    head = "\n\n" + prompt
+    return stdout[len(head):].removesuffix("\n\n\n\n") if stdout.startswith(head) else None
+
+
 def spec_runner(bins: Path, target: Path, draft: Path, decode, d: int, n: int, ngl: int):
     def run_one(prompt: dict) -> dict:
-        done = run_tool(speculative_cmd(bins, target, draft, decode(prompt["ids"]), d, n, ngl))
-        return {"id": prompt["id"], **parse_speculative(done.stdout + done.stderr)}
+        text = decode(prompt["ids"])
+        done = run_tool(speculative_cmd(bins, target, draft, text, d, n, ngl))
+        return {"id": prompt["id"], **parse_speculative(done.stdout + done.stderr),
+                "generated_text": generated_text(done.stdout, text)}
 
     return run_one
 
