@@ -255,7 +255,7 @@ def run_phase(args, phase: str, models: dict | None) -> dict:
 
     try:
         if phase == "llama_cpp":
-            return llama_cpp_peer.phase_llama_cpp(args, load_prompts(args))
+            return llama_cpp_peer.phase_llama_cpp(args, load_prompts(args), lambda part: save(args, phase, part))
         return getattr(gpu_phases, f"phase_{phase}")(args, models)
     except Exception as exc:
         import traceback

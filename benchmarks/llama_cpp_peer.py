@@ -99,9 +99,9 @@ def tail(text: str, lines: int = 15) -> str:
 
 
 def build(src: Path, root: Path, cuda: bool, jobs: int) -> tuple[Path, dict]:
-    """Unpack and build into root/llama.cpp, or reuse a build of the same tarball and flags (a stamp file)."""
-    bins = root / "llama.cpp/build/bin"
-    stamp_file = root / "llama.cpp/DFVG_BUILD"
+    """Unpack into root/llama.cpp and build; reuse a build of the same tarball and flags (a stamp file written
+    right after unpacking, so a call stopped mid-build resumes it: cmake and ninja redo only what is missing)."""
+    bins, stamp_file = root / "llama.cpp/build/bin", root / "llama.cpp/DFVG_BUILD"
     digest = hashlib.sha256(src.read_bytes()).hexdigest() if src.is_file() else None
     stamp = {"source_sha256": digest, "cuda": cuda}
     old = json.loads(stamp_file.read_text()) if stamp_file.is_file() else None
@@ -109,14 +109,14 @@ def build(src: Path, root: Path, cuda: bool, jobs: int) -> tuple[Path, dict]:
         return bins, {**(old or stamp), "reused": True}
     if digest is None:
         raise PeerError(f"no llama.cpp source at {src} to rebuild {bins}")
-    shutil.rmtree(root / "llama.cpp", ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(src) as tar:
-        tar.extractall(root, filter="data")
-    log = root / "build.log"
+    if old != stamp:
+        shutil.rmtree(root / "llama.cpp", ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(src) as tar:
+            tar.extractall(root, filter="data")
+        stamp_file.write_text(json.dumps(stamp))
     for cmd in cmake_commands(root / "llama.cpp", cuda, jobs):
-        run_tool(cmd, log, timeout=1800)
-    stamp_file.write_text(json.dumps(stamp))
+        run_tool(cmd, root / "build.log", timeout=1800)
     version = (root / "llama.cpp/DFVG_SOURCE").read_text().strip()
     return bins, {**stamp, "reused": False, "source": version, "cmake": cmake_commands(Path("llama.cpp"), cuda, jobs)}
 
@@ -244,9 +244,10 @@ def spec_runner(bins: Path, target: Path, draft: Path, decode, d: int, n: int, n
     return run_one
 
 
-def phase_llama_cpp(args, prompts: list[dict]) -> dict:
+def phase_llama_cpp(args, prompts: list[dict], checkpoint=lambda payload: None) -> dict:
     """Build, BF16 copy, llama-bench tg for BF16 and Q4_K_M, then llama-speculative: the draft length chosen
-    on the first `--llama-validation` prompts, quoted on the rest (held out from the choice)."""
+    on the first `--llama-validation` prompts, quoted on the rest (held out from the choice). `checkpoint`
+    saves what is measured so far, so a call stopped by its time limit keeps it."""
     cuda = args.device.startswith("cuda")
     ngl, gguf = (99 if cuda else 0), Path(args.gguf_dir)
     q4, draft = gguf / "qwen2.5-coder-1.5b-instruct.gguf", gguf / "qwen2.5-coder-0.5b-instruct.gguf"
@@ -259,6 +260,7 @@ def phase_llama_cpp(args, prompts: list[dict]) -> dict:
         (record,) = parse_bench(done.stdout)
         out[f"llama_cpp_{tag}_tg{args.max_new_tokens}"] = bench_run(f"llama.cpp {tag} tg", record)
         print(f"  llama-bench {tag} tg{args.max_new_tokens}: {record['avg_ts']:.1f} tok/s", flush=True)
+        checkpoint(dict(out))
     decode = detokenizer(q4)
     runner = lambda d: spec_runner(bins, bf16, draft, decode, d, args.max_new_tokens, ngl)
     valid, held = list(range(args.llama_validation)), list(range(args.llama_validation, len(prompts)))
@@ -267,5 +269,6 @@ def phase_llama_cpp(args, prompts: list[dict]) -> dict:
     best = max(tried, key=lambda d: tried[d]["tokens_per_s"])
     out["llama_cpp_validation"] = {"prompt_indices": valid, "chosen_draft_max": best, **{
         f"d{d}": {k: v for k, v in r.items() if k != "walls_s"} for d, r in tried.items()}}
+    checkpoint(dict(out))
     out[f"llama_cpp_spec_d{best}"] = speculative_run(f"llama.cpp spec d={best}", prompts, held, runner(best))
     return out

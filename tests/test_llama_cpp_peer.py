@@ -115,6 +115,20 @@ def test_a_stale_build_is_rebuilt_and_a_failing_cmake_raises_with_its_output(tmp
     assert not (tmp_path / "b/llama.cpp/build/bin/llama-bench").exists()  # the stale binaries are gone
 
 
+def test_a_build_stopped_midway_resumes_without_unpacking_again(tmp_path):
+    """Same stamp, binaries missing (a call killed mid-build): the unpacked tree is kept and cmake runs on it."""
+    import hashlib
+
+    src = tarball(tmp_path / "src.tar.gz", 'message(FATAL_ERROR "from the tarball")\n')
+    tree = tmp_path / "b/llama.cpp"
+    tree.mkdir(parents=True)
+    (tree / "DFVG_BUILD").write_text(json.dumps({"source_sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
+                                                 "cuda": False}))
+    (tree / "CMakeLists.txt").write_text('cmake_minimum_required(VERSION 3.14)\nmessage(FATAL_ERROR "resumed")\n')
+    with pytest.raises(peer.PeerError, match="resumed"):
+        peer.build(src, tmp_path / "b", cuda=False, jobs=2)
+
+
 def test_cuda_flags_only_for_cuda_and_only_the_three_tools():
     configure, build = peer.cmake_commands(Path("src"), cuda=True, jobs=15)
     assert "-DGGML_CUDA=ON" in configure and "-DCMAKE_CUDA_ARCHITECTURES=90" in configure
