@@ -257,7 +257,10 @@ def phase_llama_cpp(args, prompts: list[dict], checkpoint=lambda payload: None) 
     for tag, model in (("bf16", bf16), ("q4km", q4)):
         done = run_tool([str(bins / "llama-bench"), "-m", str(model), "-ngl", str(ngl), "-p", "0",
                          "-n", str(args.max_new_tokens), "-r", str(args.llama_bench_reps), "-o", "json"])
-        (record,) = parse_bench(done.stdout)
+        records = parse_bench(done.stdout)
+        if len(records) != 1:
+            raise PeerError(f"llama-bench gave {len(records)} records for one test: {tail(done.stdout)}")
+        record = records[0]
         out[f"llama_cpp_{tag}_tg{args.max_new_tokens}"] = bench_run(f"llama.cpp {tag} tg", record)
         print(f"  llama-bench {tag} tg{args.max_new_tokens}: {record['avg_ts']:.1f} tok/s", flush=True)
         checkpoint(dict(out))
