@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 
 COPY_TB_S = 4.3  # measured device-to-device copy rate of an H200 here (KINDS.md, 2026-10-28 / 11-04)
+HBM_PEAK_B_S = 4.8e12  # the H200's peak HBM bandwidth (spec sheet): issue 16's weight-stream floor
 
 
 def _prefix(a: list[int], b: list[int]) -> int:
@@ -19,7 +20,10 @@ def _prefix(a: list[int], b: list[int]) -> int:
 
 
 def match_rate(run: dict, ref: dict | None) -> float | None:
-    if ref is None or len(ref["tokens"]) != len(run["tokens"]):
+    """None where a side has no token lists (llama.cpp's tools report speeds, not token ids)."""
+    if ref is None or run.get("tokens") is None or ref.get("tokens") is None:
+        return None
+    if len(ref["tokens"]) != len(run["tokens"]):
         return None
     return statistics.mean(_prefix(a, b) / max(1, len(b)) for a, b in zip(run["tokens"], ref["tokens"], strict=True))
 
@@ -66,21 +70,86 @@ def decode_ms_per_token(run: dict) -> float:
     return statistics.median(1000 * s["decode_s"] / s["num_new_tokens"] for s in run["stats"] if s)
 
 
+def tok_s_on(run: dict, indices: list[int] | None) -> float | None:
+    """tok/s of `run` over the prompts at `indices` (its per-prompt walls and token lists), so a peer quoted
+    on held-out prompts (llama.cpp) is compared with a DFVG row on those same prompts; None: all prompts.
+
+    Example: walls [1, 2, 4] s, 10 tokens each, indices [1, 2] -> 20 / 6 s = 3.33 tok/s."""
+    if indices is None or run.get("prompt_indices") == indices:
+        return run["tokens_per_s"]
+    if run.get("tokens") is None or run.get("prompt_indices") is not None or max(indices) >= len(run["walls_s"]):
+        return None
+    return sum(len(run["tokens"][i]) for i in indices) / sum(run["walls_s"][i] for i in indices)
+
+
+def ratio(run: dict, base: dict | None) -> float | None:
+    """run's tok/s over base's, both on run's prompts (`prompt_indices`, else all)."""
+    if base is None:
+        return None
+    indices = run.get("prompt_indices") or base.get("prompt_indices")
+    num, den = tok_s_on(run, indices), tok_s_on(base, indices)
+    return None if num is None or den is None else num / den
+
+
+def llama_spec(runs: dict) -> dict | None:
+    specs = [r for name, r in runs.items() if name.startswith("llama_cpp_spec")]
+    return max(specs, key=lambda r: r["tokens_per_s"]) if specs else None
+
+
 def rows_of(runs: dict) -> list[dict]:
     plain, hf = runs.get("dfvg_plain"), runs.get("hf_eager")
     assists = [r for name, r in runs.items() if name.startswith("hf_assist")]
     best_assist = max(assists, key=lambda r: r["tokens_per_s"]) if assists else None
+    peer = llama_spec(runs)
     rows = []
     for name, run in runs.items():
         rate, mal = acceptance(run)
         rows.append({"variant": name, "tok_s": run["tokens_per_s"], "ms_tok": run["median_ms_per_token"],
-                     "x_dfvg_plain": run["tokens_per_s"] / plain["tokens_per_s"] if plain else None,
-                     "x_hf_eager": run["tokens_per_s"] / hf["tokens_per_s"] if hf else None,
-                     "x_hf_assist_best": run["tokens_per_s"] / best_assist["tokens_per_s"] if best_assist else None,
+                     "x_dfvg_plain": ratio(run, plain), "x_hf_eager": ratio(run, hf),
+                     "x_hf_assist_best": ratio(run, best_assist), "x_llama_cpp_spec": ratio(run, peer),
                      "acceptance_rate": rate, "mean_accepted_length": mal,
                      "match_vs_hf": match_rate(run, hf), "match_vs_dfvg_plain": match_rate(run, plain),
-                     "projected_tok_s": projected_tok_s(run), "prompts": len(run["walls_s"])})
+                     "projected_tok_s": projected_tok_s(run), "prompts": run.get("prompts", len(run["walls_s"]))})
     return rows
+
+
+def vs_llama_cpp(runs: dict, meta: dict) -> dict:
+    """DFVG against llama.cpp from rows of the same run: plain decode-only tok/s (DFVG's decode_s, prefill
+    excluded) over llama-bench tg (empty context); DFVG's speculative row over llama-speculative on llama.cpp's
+    held-out prompts (wall = prefill + decode), each side's draft length chosen on the same validation prompts."""
+    out, plain, peer = {}, runs.get("dfvg_plain"), llama_spec(runs)
+    for name, run in runs.items():
+        if plain and name.startswith("llama_cpp_") and "_tg" in name:
+            out[f"dfvg_plain_decode_over_{name}"] = 1000 / decode_ms_per_token(plain) / run["tokens_per_s"]
+    valid = meta.get("llama_cpp", {}).get("llama_cpp_validation", {}).get("prompt_indices")
+    specs = {n: r for n, r in runs.items() if n.startswith("dfvg_spec") and ratio(r, peer) is not None}
+    if peer and specs and valid:
+        best = max(specs, key=lambda n: tok_s_on(specs[n], valid) or 0.0)
+        out.update(dfvg_spec=best, dfvg_spec_over_llama_cpp_spec=ratio(specs[best], peer),
+                   llama_cpp_spec=peer["name"], held_out_prompts=len(peer["walls_s"]), validation_prompts=valid)
+    return out
+
+
+def floor_and_identity(runs: dict, meta: dict) -> dict:
+    """Issue 16's fields: DFVG plain decode-only ms/token against the weight-stream floor at the H200's peak HBM
+    bandwidth (the goals' fraction_of_floor uses the measured 4.3 TB/s copy rate instead), and how many prompts
+    the fastest speculative row's tokens equal plain's, token for token."""
+    out = {"fraction_of_floor": None, "spec_identical_to_plain": None, "prompts_compared": None}
+    plain = runs.get("dfvg_plain")
+    weights = next((m["weight_bytes"]["target"] for m in meta.values() if "weight_bytes" in m), None)
+    if plain and weights:
+        floor_ms = weights / HBM_PEAK_B_S * 1e3
+        out["fraction_of_floor"] = floor_ms / decode_ms_per_token(plain)
+        out["floor"] = {"weight_bytes": weights, "peak_B_s": HBM_PEAK_B_S, "peak_provenance": "assumed",
+                        "floor_ms": floor_ms, "plain_decode_ms_per_token": decode_ms_per_token(plain),
+                        "provenance": "measured"}
+    specs = {n: r for n, r in runs.items() if n.startswith("dfvg_spec")}
+    best_spec = max(specs, key=lambda n: specs[n]["tokens_per_s"]) if specs else None
+    spec = specs.get(best_spec)
+    if plain and spec and len(spec["tokens"]) == len(plain["tokens"]):
+        out["spec_identical_to_plain"] = sum(a == b for a, b in zip(spec["tokens"], plain["tokens"], strict=True))
+        out["prompts_compared"], out["spec_compared"] = len(plain["tokens"]), best_spec
+    return out
 
 
 def goals(runs: dict, meta: dict) -> dict:
@@ -118,12 +187,13 @@ def _fmt(value, spec: str) -> str:
 
 def table(rows: list[dict]) -> str:
     head = ("| variant | prompts | tok/s | ms/token (median) | x DFVG plain | x HF eager | x HF assisted best "
-            "| acceptance | mean acc. len | match vs HF | match vs DFVG plain | projected tok/s |")
-    lines = [head, "|" + "---|" * 12]
+            "| x llama.cpp spec | acceptance | mean acc. len | match vs HF | match vs DFVG plain | projected tok/s |")
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         lines.append(f"| {r['variant']} | {r['prompts']} | {r['tok_s']:.1f} | {r['ms_tok']:.3f} | "
                      f"{_fmt(r['x_dfvg_plain'], '.2f')} | {_fmt(r['x_hf_eager'], '.2f')} | "
-                     f"{_fmt(r['x_hf_assist_best'], '.2f')} | {_fmt(r['acceptance_rate'], '.3f')} | "
+                     f"{_fmt(r['x_hf_assist_best'], '.2f')} | {_fmt(r['x_llama_cpp_spec'], '.2f')} | "
+                     f"{_fmt(r['acceptance_rate'], '.3f')} | "
                      f"{_fmt(r['mean_accepted_length'], '.2f')} | {_fmt(r['match_vs_hf'], '.3f')} | "
                      f"{_fmt(r['match_vs_dfvg_plain'], '.3f')} | {_fmt(r['projected_tok_s'], '.1f')} |")
     return "\n".join(lines)
@@ -132,8 +202,9 @@ def table(rows: list[dict]) -> str:
 def report(results: Path) -> dict:
     runs, meta = collect(results)
     rows = rows_of(runs)
-    merged = {"rows": rows, "goals": goals(runs, meta), "meta": meta, "provenance": "measured"}
+    merged = {"rows": rows, **floor_and_identity(runs, meta), "goals": goals(runs, meta),
+              "vs_llama_cpp": vs_llama_cpp(runs, meta), "meta": meta, "provenance": "measured"}
     (results / "gpu_speed.json").write_text(json.dumps(merged, indent=1))
     print(table(rows))
-    print(json.dumps(merged["goals"], indent=1))
+    print(json.dumps({k: v for k, v in merged.items() if k not in ("rows", "meta")}, indent=1))
     return merged

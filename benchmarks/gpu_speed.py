@@ -4,6 +4,12 @@
         --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --results /root/res
     python benchmarks/gpu_speed.py --tiny --device cpu --phases check,dfvg,hf_eager,hf_assist,report  # smoke
     python benchmarks/gpu_speed.py --write-prompts .chunks/prompts.json   # tokenize HumanEval here (CPU)
+    python benchmarks/gpu_speed.py --phases llama_cpp,report --gguf-dir /root/cache/gguf ...  # llama.cpp peer
+
+Phase `llama_cpp` (benchmarks/llama_cpp_peer.py) builds llama.cpp from `--llama-src` (made here by
+benchmarks/llama_cpp_source.sh, carried to the GPU machine), makes a BF16 GGUF of the target, runs llama-bench
+tg (BF16 and Q4_K_M) and llama-speculative with the 0.5B draft over the same prompts (draft length chosen on
+the first `--llama-validation` prompts, quoted on the rest); it loads no torch model, only the prompts.
 
 Greedy, batch 1, bf16 on CUDA, fixed `--max-new-tokens` per prompt (EOS does not stop any variant, so every
 variant produces the same number of tokens and token-match rates compare like with like). Each variant is
@@ -29,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import llama_cpp_peer  # noqa: E402
 from benchmarks.gpu_report import report  # noqa: E402
 from dfvg.checkpoint import config_from_dict, convert_state_dict  # noqa: E402
 from dfvg.gpu.fused import tuned_rows  # noqa: E402
@@ -73,6 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="no 0.5B draft (its GGUF is not on the machine): target, distilled and FPGA rows only")
     p.add_argument("--fpga-ks", default="4,8", type=draft_lengths, help="draft lengths of the FPGA-emulated phase")
     p.add_argument("--write-prompts", default=None)
+    llama_cpp_peer.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -158,16 +166,22 @@ def dfvg_from_hf(hf) -> Transformer:
     return model.eval().requires_grad_(False)
 
 
+def load_prompts(args) -> list[dict]:
+    """The timed prompts, [{"id", "ids"}], the first `--prompts` of the file (random ids for --tiny)."""
+    if args.tiny:
+        prompts = [{"id": f"tiny/{i}", "ids": torch.randint(0, 512, (20 + 7 * i,)).tolist()} for i in range(6)]
+        return prompts[: args.prompts]
+    return json.loads(Path(args.prompts_file).read_text())[: args.prompts]
+
+
 def load_models(args) -> dict:
     if args.tiny:
         target = hf_tiny(1, args.device)
         draft = hf_tiny(2, args.device, hidden_size=64, num_hidden_layers=1, intermediate_size=128)
-        prompts = [{"id": f"tiny/{i}", "ids": torch.randint(0, 512, (20 + 7 * i,)).tolist()} for i in range(6)]
     else:
         draft = None if args.skip_draft else hf_from_gguf(args, DRAFT_GGUF, "draft")
         target = hf_from_gguf(args, TARGET_GGUF, "target")
-        prompts = json.loads(Path(args.prompts_file).read_text())
-    prompts = prompts[: args.prompts]
+    prompts = load_prompts(args)
     models = {"hf_target": target, "hf_draft": draft, "target": dfvg_from_hf(target).to(args.device),
               "draft": None if draft is None else dfvg_from_hf(draft).to(args.device), "prompts": prompts}
     if args.distilled_draft and not args.tiny:
@@ -235,13 +249,27 @@ def save(args, phase: str, payload: dict) -> None:
         (Path(args.out) / f"{phase}.json").write_text(text)
 
 
+def run_phase(args, phase: str, models: dict | None) -> dict:
+    """One phase's payload; a failing phase is recorded with its first error line, and the others still run."""
+    from benchmarks import gpu_phases
+
+    try:
+        if phase == "llama_cpp":
+            return llama_cpp_peer.phase_llama_cpp(args, load_prompts(args), lambda part: save(args, phase, part))
+        return getattr(gpu_phases, f"phase_{phase}")(args, models)
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        return {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                "failed_detail": str(exc)[-4000:]}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.write_prompts:
         write_prompts(args.write_prompts)
         return 0
-    from benchmarks import gpu_phases
-
     if args.tuned:
         from dfvg.gpu import fused
 
@@ -253,21 +281,18 @@ def main(argv=None) -> int:
         fused.apply_tuned(json.loads(Path(args.tuned).read_text()))
         print(f"fused block sizes from {args.tuned}: {len(fused.TUNED)} shapes", flush=True)
     phases = args.phases.split(",")
+    if "llama_cpp" in phases and (why := llama_cpp_peer.refusal(args)):
+        print(why, file=sys.stderr)
+        return 2
     models = None
     for phase in phases:
         if phase == "report":
             continue
-        if models is None:
+        if models is None and phase != "llama_cpp":  # the llama.cpp peer needs only the prompts
             models = load_models(args)
         start = time.perf_counter()
         print(f"== phase {phase}", flush=True)
-        try:
-            payload = getattr(gpu_phases, f"phase_{phase}")(args, models)
-        except Exception as exc:  # a failing phase is recorded, the others still run
-            import traceback
-
-            traceback.print_exc()
-            payload = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        payload = run_phase(args, phase, models)
         payload.update(env=env_info(args.device), phase_s=time.perf_counter() - start,
                        command=" ".join(sys.argv), fused_tuned=tuned_rows())
         if models is not None:
