@@ -75,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="what DFVG's graphs replay: fused Triton layers, compiled blocks, or eager kernels")
     p.add_argument("--distilled-draft", default=str(SHIPPED_DRAFT),
                    help="FPGA-sized distilled draft: extra GPU-draft rows, and the FPGA phase's draft ('' = none)")
-    p.add_argument("--tuned", default=None, help="tuned.json of benchmarks/gpu_decode.py --sweep: fused block sizes")
+    p.add_argument("--tuned", default=None, help="tuned.json of benchmarks/gpu_rows.py --sweep: fused block sizes")
     p.add_argument("--skip-draft", action="store_true",
                    help="no 0.5B draft (its GGUF is not on the machine): target, distilled and FPGA rows only")
     p.add_argument("--fpga-ks", default="4,8", type=draft_lengths, help="draft lengths of the FPGA-emulated phase")
@@ -274,7 +274,7 @@ def main(argv=None) -> int:
         from dfvg.gpu import fused
 
         if not Path(args.tuned).is_file():
-            print(f"error: --tuned {args.tuned}: no such file (benchmarks/gpu_decode.py --sweep writes tuned.json)",
+            print(f"error: --tuned {args.tuned}: no such file (benchmarks/gpu_rows.py --sweep writes tuned.json)",
                   file=sys.stderr)
             return 2
 

@@ -47,19 +47,19 @@ def test_tiny_benchmark_applies_the_sweeps_block_sizes_and_runs_every_kernel_cho
     from dfvg.gpu import fused
 
     tuned = tmp_path / "tuned.json"
-    tuned.write_text(json.dumps([[123, 456, 8, {"BN": 16, "BK": 128, "UNROLL": 1, "num_warps": 4}]]))
+    tuned.write_text(json.dumps([[123, 456, {"BN": 16, "BK": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}]]))
     before = dict(fused.TUNED)
     try:
         main(["--tiny", "--device", "cpu", "--tuned", str(tuned), "--phases", "dfvg,fpga", "--ks", "2",
               "--fpga-ks", "2", "--max-new-tokens", "6", "--prompts", "2", "--results", str(tmp_path / "res"),
               "--work-dir", str(tmp_path / "w")])
-        assert fused.TUNED[(123, 456, 8)]["BN"] == 16
+        assert fused.TUNED[(123, 456)]["BN"] == 16
     finally:
         fused.TUNED.clear()
         fused.TUNED.update(before)
     dfvg = json.loads((tmp_path / "res" / "dfvg.json").read_text())
     assert {"dfvg_plain", "dfvg_spec_k2", "dfvg_compiled_plain", "dfvg_eager_plain"} <= set(dfvg)
-    assert [123, 456, 8, {"BN": 16, "BK": 128, "UNROLL": 1, "num_warps": 4}] in dfvg["fused_tuned"]
+    assert [123, 456, {"BN": 16, "BK": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}] in dfvg["fused_tuned"]
     fpga = json.loads((tmp_path / "res" / "fpga.json").read_text())
     assert fpga["fpga_sync_k2"]["new_tokens"] == 12 and fpga["fpga_overlap_k2"]["tokens"]
     for mode in ("sync", "overlap"):  # each prompt's schedule replayed with modeled board blocks
