@@ -73,13 +73,20 @@ class Icarus:
     def __init__(self, build_dir: Path | None = None):
         if shutil.which("iverilog") is None or shutil.which("vvp") is None:
             raise UserError("iverilog/vvp not found on PATH; install Icarus Verilog (apt-get install iverilog)")
+        self.owns_build = build_dir is None  # a temporary folder is removed by close()
         self.build = Path(build_dir or tempfile.mkdtemp(prefix="dfvg_rtl_"))
         self.luts = self.build / "luts"
         write_tables(self.luts)
         self.compiled: dict[tuple, Path] = {}
         self.cycles: dict[str, int] = defaultdict(int)
         self.runs: dict[str, int] = defaultdict(int)
+        self.macs: dict[str, int] = defaultdict(int)  # multiply-accumulates of the GEMV ops (unpadded)
         self.version = subprocess.run(["iverilog", "-V"], capture_output=True, text=True).stdout.split("\n")[0]
+
+    def close(self) -> None:
+        """Remove the temporary build folder (compiled testbenches, tables)."""
+        if self.owns_build:
+            shutil.rmtree(self.build, ignore_errors=True)
 
     def compile(self, bench: str, params: dict[str, int | str]) -> Path:
         """iverilog once per (testbench, parameters); string parameters are quoted file paths."""
@@ -96,7 +103,7 @@ class Icarus:
         return self.compiled[key]
 
     def run(self, op: str, bench: str, params: dict, plusargs: dict[str, int], beats: bytes,
-            consts: bytes = b"") -> dict[str, list[str]]:
+            consts: bytes = b"", macs: int = 0) -> dict[str, list[str]]:
         """Simulate one op: beat records in, output lines grouped by tag ('B', 'C', ...); cycles added to `op`."""
         vvp = self.compile(bench, params)
         with tempfile.TemporaryDirectory(dir=self.build) as tmp:
@@ -114,4 +121,5 @@ class Icarus:
             out[tag].append(rest)
         self.cycles[op] += int(out["cycles"][0])
         self.runs[op] += 1
+        self.macs[op] += macs
         return out

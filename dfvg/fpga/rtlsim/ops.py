@@ -102,7 +102,7 @@ def gemv(sim: Icarus, op: str, jobs: GemvJobs, t: Tiles) -> dict[str, np.ndarray
                      (np.zeros((n_jobs * tiles, 1)), "u1"))
     params = {"P": t.p, "W": t.w, "X_W": jobs.x_w, "ACC_W": jobs.acc_w, "INT4": int(jobs.gs is not None)}
     out = sim.run(op, "tb_gemv", params, {"beats": n_jobs * tiles * beats, "tiles": n_jobs * tiles,
-                                          "jobs": n_jobs}, beat_bytes, consts)
+                                          "jobs": n_jobs}, beat_bytes, consts, macs=n_jobs * n * k)
     result = {"y32": lanes(out["C"], 32).reshape(n_jobs, n_pad)[:, :n]}
     if out["B"]:
         result["y8"] = lanes(out["B"], 8).reshape(n_jobs, n_pad)[:, :n]
