@@ -73,11 +73,12 @@ def _passes(model: RtlDraftModel, prompt: list[int], n: int, vocab: int) -> tupl
     """Draft n tokens one pass at a time, recording each pass's simulated cycles by op and its wall time."""
     tokens, passes, ids, pos = [], [], prompt, 0
     for _ in range(n):
-        before, start = dict(model.sim.cycles), time.perf_counter()
+        cycles, macs, start = dict(model.sim.cycles), dict(model.sim.macs), time.perf_counter()
         tokens.append(model.next_token(torch.tensor(ids, dtype=torch.long), pos, vocab))
-        by_op = {op: c - before.get(op, 0) for op, c in model.sim.cycles.items() if c - before.get(op, 0)}
+        by_op = {op: c - cycles.get(op, 0) for op, c in model.sim.cycles.items() if c - cycles.get(op, 0)}
+        macs = {op: c - macs.get(op, 0) for op, c in model.sim.macs.items() if c - macs.get(op, 0)}
         passes.append({"fed_tokens": len(ids), "context": pos, "cycles": sum(by_op.values()), "cycles_by_op": by_op,
-                       "wall_s": round(time.perf_counter() - start, 2)})
+                       "macs_by_op": macs, "wall_s": round(time.perf_counter() - start, 2)})
         pos, ids = pos + len(ids), [tokens[-1]]
     return tokens, passes
 
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> dict:
         "datapath_tokens": datapath_tokens, "match": tokens == datapath_tokens,
         "cycles_per_token": round(sum(p["cycles"] for p in one_token) / len(one_token)),
         "cycles_per_token_from": "one-token passes" if passes[1:] else "the prompt pass (only one pass ran)",
-        "passes": passes, "macs_by_op": dict(sim.macs), "gemv_ops": list(GEMV_OPS),
+        "passes": passes, "gemv_ops": list(GEMV_OPS), "num_layers": cfg.num_layers,
         "tiles": {"P": tiles.p, "W": tiles.w, "lanes": tiles.lanes},
         "simulator": sim.version, "provenance": "simulated",
         "note": "cycles: kernels run one after another (no overlap), simulated clock cycles, not a board",
