@@ -23,13 +23,13 @@ from dfvg.fpga.datapath import fixed_point as fp
 
 FPGA_DIR = Path(__file__).resolve().parents[3] / "fpga"
 RTL, BENCHES_DIR = FPGA_DIR / "rtl", FPGA_DIR / "sim"
-# testbench -> the RTL files it instantiates
+# bench -> (testbench file, the kernel it selects with -D, the RTL files it instantiates)
 BENCHES = {
-    "tb_gemv": ["gemv_tile.v", "gemv_int4.v", "requant.v", "requant32.v", "argmax_stream.v"],
-    "tb_norm": ["delay_ram.v", "rmsnorm.v", "norm_prescale.v", "rmsnorm_wide.v"],
-    "tb_softmax": ["delay_ram.v", "softmax_exp.v", "softmax_norm.v", "softmax_row.v"],
-    "tb_rope": ["rope.v"],
-    "tb_swiglu": ["silu_lut.v", "requant.v", "swiglu.v"],
+    "gemv": ("tb_gemv", None, ["gemv_tile.v", "gemv_int4.v", "requant.v", "requant32.v", "argmax_stream.v"]),
+    "norm": ("tb_vector", "NORM", ["delay_ram.v", "rmsnorm.v", "norm_prescale.v", "rmsnorm_wide.v"]),
+    "softmax": ("tb_vector", "SOFTMAX", ["delay_ram.v", "softmax_exp.v", "softmax_norm.v", "softmax_row.v"]),
+    "rope": ("tb_vector", "ROPE", ["rope.v"]),
+    "swiglu": ("tb_vector", "SWIGLU", ["silu_lut.v", "requant.v", "swiglu.v"]),
 }
 
 
@@ -92,10 +92,11 @@ class Icarus:
         """iverilog once per (testbench, parameters); string parameters are quoted file paths."""
         key = (bench, tuple(sorted(params.items())))
         if key not in self.compiled:
+            top, define, rtl = BENCHES[bench]
             out = self.build / f"{bench}_{len(self.compiled)}.vvp"
-            defs = [f"-P{bench}.{k}={v if isinstance(v, int) else chr(34) + str(v) + chr(34)}"
-                    for k, v in params.items()]
-            srcs = [str(BENCHES_DIR / f"{bench}.v")] + [str(RTL / f) for f in BENCHES[bench]]
+            defs = [f"-P{top}.{k}={v if isinstance(v, int) else chr(34) + str(v) + chr(34)}"
+                    for k, v in params.items()] + ([f"-D{define}"] if define else [])
+            srcs = [str(BENCHES_DIR / f"{top}.v")] + [str(RTL / f) for f in rtl]
             proc = subprocess.run(["iverilog", "-g2012", "-o", str(out), *defs, *srcs], capture_output=True, text=True)
             if proc.returncode:
                 raise RuntimeError(f"iverilog failed for {bench} {params}: {proc.stderr[-2000:]}")

@@ -101,7 +101,7 @@ def gemv(sim: Icarus, op: str, jobs: GemvJobs, t: Tiles) -> dict[str, np.ndarray
                      (np.tile(np.arange(tiles) == tiles - 1, n_jobs)[:, None], "u1"),
                      (np.zeros((n_jobs * tiles, 1)), "u1"))
     params = {"P": t.p, "W": t.w, "X_W": jobs.x_w, "ACC_W": jobs.acc_w, "INT4": int(jobs.gs is not None)}
-    out = sim.run(op, "tb_gemv", params, {"beats": n_jobs * tiles * beats, "tiles": n_jobs * tiles,
+    out = sim.run(op, "gemv", params, {"beats": n_jobs * tiles * beats, "tiles": n_jobs * tiles,
                                           "jobs": n_jobs}, beat_bytes, consts, macs=n_jobs * n * k)
     result = {"y32": lanes(out["C"], 32).reshape(n_jobs, n_pad)[:, :n]}
     if out["B"]:
@@ -119,7 +119,7 @@ def rmsnorm(sim: Icarus, op: str, x, gamma, params: tuple[int, int, int], t: Til
     gamma = np.broadcast_to(_np(gamma), (rows, d))
     beats = records((x.reshape(-1, t.lanes), "<i4"), (gamma.reshape(-1, t.lanes), "<i2"))
     mult, shift, eps = params
-    out = sim.run(op, "tb_norm", {"D": d, "W": t.lanes, "SEED_FILE": sim.luts / "rsqrt_seed.hex"},
+    out = sim.run(op, "norm", {"D": d, "W": t.lanes, "SEED_FILE": sim.luts / "rsqrt_seed.hex"},
                   {"beats": rows * d // t.lanes, "mult": mult, "shift": shift, "eps": eps}, beats)
     return lanes(out["Y"], 8).reshape(rows, d)
 
@@ -135,9 +135,9 @@ def softmax(sim: Icarus, op: str, scores, row_max, valid, mult_shift: tuple[int,
     beats = records((_pad(s, rows, l_pad).reshape(-1, t.lanes), "<i4"), (smax, "<i4"),
                     (keep.reshape(-1, t.lanes), "u1"))
     params = {"L": l_pad, "W": t.lanes, "EXP_FILE": sim.luts / "exp2.hex", "SEED_FILE": sim.luts / "recip_seed.hex"}
-    out = sim.run(op, "tb_softmax", params, {"beats": rows * l_pad // t.lanes, "mult": mult_shift[0],
+    out = sim.run(op, "softmax", params, {"beats": rows * l_pad // t.lanes, "mult": mult_shift[0],
                                              "shift": mult_shift[1]}, beats)
-    return lanes(out["P"], 16, signed=False).reshape(rows, l_pad)[:, :length]
+    return lanes(out["Y"], 16, signed=False).reshape(rows, l_pad)[:, :length]
 
 
 def rope(sim: Icarus, op: str, x, cos_q, sin_q) -> np.ndarray:
@@ -145,8 +145,8 @@ def rope(sim: Icarus, op: str, x, cos_q, sin_q) -> np.ndarray:
     x = _np(x)
     half = x.shape[1] // 2
     beats = records((x[:, :half], "i1"), (x[:, half:], "i1"), (_np(cos_q), "<i2"), (_np(sin_q), "<i2"))
-    out = sim.run(op, "tb_rope", {"W": half}, {"beats": x.shape[0]}, beats)
-    return lanes(out["R"], 8).reshape(x.shape)
+    out = sim.run(op, "rope", {"W": half}, {"beats": x.shape[0]}, beats)
+    return lanes(out["Y"], 8).reshape(x.shape)
 
 
 def swiglu(sim: Icarus, op: str, gate, up, table, mult_shift: tuple[int, int], t: Tiles) -> np.ndarray:
@@ -159,6 +159,6 @@ def swiglu(sim: Icarus, op: str, gate, up, table, mult_shift: tuple[int, int], t
         write_hex(lut, torch.as_tensor(_np(table)), 8)
     beats = records((_pad(gate, rows, i_pad).reshape(-1, t.lanes), "i1"),
                     (_pad(up, rows, i_pad).reshape(-1, t.lanes), "i1"))
-    out = sim.run(op, "tb_swiglu", {"W": t.lanes, "LUT_FILE": lut},
+    out = sim.run(op, "swiglu", {"W": t.lanes, "LUT_FILE": lut},
                   {"beats": rows * i_pad // t.lanes, "mult": mult_shift[0], "shift": mult_shift[1]}, beats)
-    return lanes(out["H"], 8).reshape(rows, i_pad)[:, :inter]
+    return lanes(out["Y"], 8).reshape(rows, i_pad)[:, :inter]
