@@ -2,7 +2,8 @@
 // Mirrors integer_model.rmsnorm_wide bit for bit; with int8 inputs (Qwen3's per-head q/k norm) the
 // shift is 0 and it is fixed_point.rmsnorm itself. gamma (int16) streams beside x through the row
 // buffer. The eps term is registered once more so it meets rmsnorm's sum stage with its own row.
-// Latency: 2 (prescale) + 14 (rmsnorm) = 16 cycles from a row's last beat to its first output beat.
+// Latency: D/W + 15 cycles from a row's last input beat to its first output beat (the row is buffered
+// once: its last beat leaves the prescale D/W + 1 cycles later, then rmsnorm's 14); II = D/W.
 module rmsnorm_wide #(
     parameter D         = 16,
     parameter W         = 4,

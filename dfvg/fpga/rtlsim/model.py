@@ -46,10 +46,10 @@ class RtlDraftModel(IntegerDraftModel):
     # ------------------------------------------------------------------------------------------ GEMVs
     def _gemv(self, x: Tensor, name: str, **extra) -> dict[str, np.ndarray]:
         t, int8 = self.t, name + ".weight" in self.t
-        jobs = ops.GemvJobs(ops._np(x), ops._np(t[name + (".weight" if int8 else ".weight4")]),
-                            ops._np(t[name + ".multiplier"]), ops._np(t[name + ".shift"]),
-                            ops._np(t[name + ".bias"]) if name + ".bias" in t else None,
-                            gs=None if int8 else ops._np(t[name + ".group_scales"]), acc_w=32 if int8 else 48,
+        jobs = ops.GemvJobs(ops.as_np(x), ops.as_np(t[name + (".weight" if int8 else ".weight4")]),
+                            ops.as_np(t[name + ".multiplier"]), ops.as_np(t[name + ".shift"]),
+                            ops.as_np(t[name + ".bias"]) if name + ".bias" in t else None,
+                            gs=None if int8 else ops.as_np(t[name + ".group_scales"]), acc_w=32 if int8 else 48,
                             **extra)
         return ops.gemv(self.sim, name.split(".")[-1], jobs, self.tiles)
 
@@ -60,15 +60,15 @@ class RtlDraftModel(IntegerDraftModel):
         return _t(self._gemv(x, name)["y32"], torch.int64)
 
     def _residual(self, r: Tensor, x: Tensor, name: str) -> Tensor:
-        return _t(self._gemv(x, name, res=ops._np(r))["y32"], torch.int64)
+        return _t(self._gemv(x, name, res=ops.as_np(r))["y32"], torch.int64)
 
     def embed(self, ids: Tensor) -> Tensor:
         """Each token's int8 row through the requant32 lanes at the row's (M, S): a 1-element GEMV with x = 1."""
         if "tok_embeddings.token_rows" in self.t:
             ids = self.t["tok_embeddings.token_rows"][ids].to(torch.long)
         rows, d = self.t["tok_embeddings.weight"][ids], self.config.hidden_size  # [T, D]
-        per_row = lambda name: ops._np(self.t[name][ids]).repeat(d)  # noqa: E731
-        jobs = ops.GemvJobs(np.ones((1, 1), np.int64), ops._np(rows).reshape(-1, 1),
+        per_row = lambda name: ops.as_np(self.t[name][ids]).repeat(d)  # noqa: E731
+        jobs = ops.GemvJobs(np.ones((1, 1), np.int64), ops.as_np(rows).reshape(-1, 1),
                             per_row("tok_embeddings.multiplier"), per_row("tok_embeddings.shift"))
         return _t(ops.gemv(self.sim, "embed", jobs, self.tiles)["y32"].reshape(-1, d), torch.int64)
 
@@ -97,12 +97,12 @@ class RtlDraftModel(IntegerDraftModel):
         if not torch.equal(keep, torch.arange(keep.shape[1])[None] < valid[:, None]):
             raise ValueError("the RTL attention takes a causal (prefix) mask")
         m, s = ops.IDENTITY
-        scores = ops.gemv(self.sim, "scores", ops.GemvJobs(ops._np(q), ops._np(k), np.array([m]), np.array([s]),
-                                                           valid=ops._np(valid)), self.tiles)
-        probs = ops.softmax(self.sim, "softmax", scores["y32"], scores["argmax"][:, 1], ops._np(valid),
+        scores = ops.gemv(self.sim, "scores", ops.GemvJobs(ops.as_np(q), ops.as_np(k), np.array([m]), np.array([s]),
+                                                           valid=ops.as_np(valid)), self.tiles)
+        probs = ops.softmax(self.sim, "softmax", scores["y32"], scores["argmax"][:, 1], ops.as_np(valid),
                             self.params[p + ".softmax"], self.tiles)
         pm, ps = self.params[p + ".pv"]
-        pv = ops.GemvJobs(probs, ops._np(v).T, np.array([pm]), np.array([ps]), x_w=17, acc_w=48)
+        pv = ops.GemvJobs(probs, ops.as_np(v).T, np.array([pm]), np.array([ps]), x_w=17, acc_w=48)
         return _t(ops.gemv(self.sim, "pv", pv, self.tiles)["y8"], torch.int8)
 
     def _swiglu(self, gate: Tensor, up: Tensor, p: str) -> Tensor:
