@@ -21,7 +21,7 @@ import torch
 
 from dfvg.checkpoint import load_config
 from dfvg.cli import parse_prompt_ids
-from dfvg.errors import OneLineParser, UserError
+from dfvg.errors import EXIT_USER_ERROR, OneLineParser, UserError, report_interrupt
 from dfvg.fpga.datapath.artifact import load_or_build
 from dfvg.fpga.datapath.drafter import draft_block
 from dfvg.fpga.datapath.integer_model import IntegerDraftModel
@@ -73,10 +73,10 @@ def _passes(model: RtlDraftModel, prompt: list[int], n: int, vocab: int) -> tupl
     """Draft n tokens one pass at a time, recording each pass's simulated cycles by op and its wall time."""
     tokens, passes, ids, pos = [], [], prompt, 0
     for _ in range(n):
-        cycles, macs, start = dict(model.sim.cycles), dict(model.sim.macs), time.perf_counter()
+        cycles0, macs0, start = dict(model.sim.cycles), dict(model.sim.macs), time.perf_counter()
         tokens.append(model.next_token(torch.tensor(ids, dtype=torch.long), pos, vocab))
-        by_op = {op: c - cycles.get(op, 0) for op, c in model.sim.cycles.items() if c - cycles.get(op, 0)}
-        macs = {op: c - macs.get(op, 0) for op, c in model.sim.macs.items() if c - macs.get(op, 0)}
+        by_op = {op: c - cycles0.get(op, 0) for op, c in model.sim.cycles.items() if c - cycles0.get(op, 0)}
+        macs = {op: c - macs0.get(op, 0) for op, c in model.sim.macs.items() if c - macs0.get(op, 0)}
         passes.append({"fed_tokens": len(ids), "context": pos, "cycles": sum(by_op.values()), "cycles_by_op": by_op,
                        "macs_by_op": macs, "wall_s": round(time.perf_counter() - start, 2)})
         pos, ids = pos + len(ids), [tokens[-1]]
@@ -123,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             result = run(args)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return report_interrupt()
     if args.report:
         Path(args.report).write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
