@@ -15,8 +15,10 @@ U280 = get_board("u280")
 
 
 def _design(**kw) -> DesignParams:
-    """A design with the assumed per-layer overhead: it never reads the repository's kernel_cycles.json."""
+    """A design with the assumed per-layer overhead and MAC efficiency: it never reads the repository's
+    kernel_cycles.json or draft_cycles.json."""
     kw.setdefault("cycles_file", Path("/nonexistent/kernel_cycles.json"))
+    kw.setdefault("rtl_run_file", Path("/nonexistent/draft_cycles.json"))
     return DesignParams(**kw)
 
 

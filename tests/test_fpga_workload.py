@@ -46,7 +46,7 @@ def test_shipped_draft_block_by_hand():
     macs = sum(layers * layer_macs + rows * d + 2 * layers * heads * hd * c for c in (100, 101, 102, 103))
     clock = 250e6
     by_hand = 30e-6 + 2 * 5e-6 + 20 / (31.5076923e9) + macs / (4096 * clock) + 4 * layers * 1000 / clock
-    design = DesignParams(layer_overhead_cycles=1000.0)
+    design = DesignParams(layer_overhead_cycles=1000.0, dsp_efficiency=1.0)  # by hand: efficiency 1
     modeled = model_block(draft_workload(cfg, 8), get_board("u280"), design, k=4, context_len=100)
     assert modeled.bound == "compute"
     assert modeled.block_time.value == pytest.approx(by_hand, rel=1e-6)  # 0.156 ms
@@ -71,6 +71,6 @@ def test_prompt_pass_runs_the_head_once():
     clock = 250e6
     by_hand = (30e-6 + 2 * 5e-6 + 4 * 51 / 31.5076923e9 + (50 * layer_macs + 32768 * 512) / (4096 * clock)
                + 4 * 1000 / clock)
-    design = DesignParams(layer_overhead_cycles=1000.0)
+    design = DesignParams(layer_overhead_cycles=1000.0, dsp_efficiency=1.0)  # by hand: efficiency 1
     modeled = model_block(draft_workload(cfg, 8), get_board("u280"), design, k=1, context_len=0, new_tokens=50)
     assert modeled.block_time.value == pytest.approx(by_hand, rel=1e-6)

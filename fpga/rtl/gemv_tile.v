@@ -1,32 +1,37 @@
-// int8 GEMV tile: P output lanes x W elements per beat, int32 accumulators, then per-lane requantization.
+// GEMV tile: P output lanes x W elements per beat, ACC_W-bit accumulators, then per-lane requantization.
+// int8 x int8 with X_W = 8, ACC_W = 32 (the decoder matrices, attention scores q.k); X_W = 17, ACC_W = 48
+// for attention's P.V (Q0.15 probabilities in [0, 32768] x int8 V, accumulated over the context).
 // A tile streams K/W beats back to back or with gaps (in_valid); in_last marks the tile's last beat.
 // Lane p accumulates sum_k x[k] * w[p][k]; on the last beat the accumulators go to `requant` with the
-// per-lane bias / M / S presented with that beat. Mirrors int8_matmul + requantize.
-// Packing: x[8*i +: 8] = element i of the beat; w[8*(p*W + i) +: 8] = weight of lane p, element i.
+// per-lane bias / M / S presented with that beat. Mirrors int8_matmul (int_matmul) + requantize.
+// Packing: x[X_W*i +: X_W] = element i of the beat (signed); w[8*(p*W + i) +: 8] = weight of lane p, element i.
 // Pipeline: product regs -> adder-tree regs -> accumulator (3 stages) -> requant (3 stages). II = 1 beat.
 module gemv_tile #(
-    parameter P = 4,
-    parameter W = 8
+    parameter P     = 4,
+    parameter W     = 8,
+    parameter X_W   = 8,
+    parameter ACC_W = 32
 ) (
     input  wire             clk,
     input  wire             rst,
     input  wire             in_valid,
     input  wire             in_last,
-    input  wire [8*W-1:0]   x,
+    input  wire [X_W*W-1:0] x,
     input  wire [8*P*W-1:0] w,
     input  wire [32*P-1:0]  bias,
     input  wire [15*P-1:0]  mult,
     input  wire [6*P-1:0]   shift,
     output reg              acc_valid,
-    output reg  [32*P-1:0]  acc,
+    output reg  [ACC_W*P-1:0] acc,
     output wire             out_valid,
     output wire [8*P-1:0]   y
 );
-    localparam TREE_W = 16 + $clog2(W) + 1;
+    localparam PR_W   = X_W + 8;
+    localparam TREE_W = PR_W + $clog2(W) + 1;
 
     // stage 1: products (one per MAC; P*W multipliers)
     reg                 v1, last1, v2, last2;
-    reg  [16*P*W-1:0]   prod1;
+    reg  [PR_W*P*W-1:0] prod1;
     reg  [TREE_W*P-1:0] tree2;
     reg  [32*P-1:0]     bias1, bias2, bias3;
     reg  [15*P-1:0]     mult1, mult2, mult3;
@@ -40,21 +45,21 @@ module gemv_tile #(
         bias1 <= bias; mult1 <= mult; shift1 <= shift;
         for (p = 0; p < P; p = p + 1)
             for (i = 0; i < W; i = i + 1)
-                prod1[16*(p*W+i) +: 16] <= $signed(x[8*i +: 8]) * $signed(w[8*(p*W+i) +: 8]);
+                prod1[PR_W*(p*W+i) +: PR_W] <= $signed(x[X_W*i +: X_W]) * $signed(w[8*(p*W+i) +: 8]);
         // stage 2: adder tree per lane
         v2 <= v1; last2 <= last1;
         bias2 <= bias1; mult2 <= mult1; shift2 <= shift1;
         for (p = 0; p < P; p = p + 1) begin
             s = 0;
             for (i = 0; i < W; i = i + 1)
-                s = s + $signed(prod1[16*(p*W+i) +: 16]);
+                s = s + $signed(prod1[PR_W*(p*W+i) +: PR_W]);
             tree2[TREE_W*p +: TREE_W] <= s;
         end
         // stage 3: accumulate
         acc_valid <= v2 && last2;
         if (v2) begin
             for (p = 0; p < P; p = p + 1)
-                acc[32*p +: 32] <= (first2 ? 32'sd0 : $signed(acc[32*p +: 32]))
+                acc[ACC_W*p +: ACC_W] <= (first2 ? $signed({ACC_W{1'b0}}) : $signed(acc[ACC_W*p +: ACC_W]))
                                    + $signed(tree2[TREE_W*p +: TREE_W]);
             first2 <= last2;
         end
@@ -68,8 +73,8 @@ module gemv_tile #(
     generate
         for (g = 0; g < P; g = g + 1) begin : lane
             wire vo;
-            requant #(.ACC_W(32)) rq (
-                .clk(clk), .in_valid(acc_valid), .acc(acc[32*g +: 32]), .bias(bias3[32*g +: 32]),
+            requant #(.ACC_W(ACC_W)) rq (
+                .clk(clk), .in_valid(acc_valid), .acc(acc[ACC_W*g +: ACC_W]), .bias(bias3[32*g +: 32]),
                 .mult(mult3[15*g +: 15]), .shift(shift3[6*g +: 6]), .out_valid(vo), .y(y[8*g +: 8]));
             if (g == 0) begin : v
                 assign out_valid = vo;

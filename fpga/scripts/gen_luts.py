@@ -13,17 +13,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dfvg.fpga.datapath import fixed_point as fp  # noqa: E402
+from dfvg.fpga.rtlsim.icarus import write_hex  # noqa: E402  (the RTL run writes its tables the same way)
 
 # The SiLU table depends on the gate/output scales of each layer; the RTL test and synthesis use this
 # one (a real deployment writes one table per layer the same way).
 SILU_SCALES = (0.05, 0.025)
-
-
-def write_hex(path: Path, values: torch.Tensor, bits: int) -> None:
-    """One two's-complement hex word per line."""
-    digits = (bits + 3) // 4
-    mask = (1 << bits) - 1
-    path.write_text("".join(f"{int(v) & mask:0{digits}x}\n" for v in values.tolist()))
 
 
 def tables() -> dict[str, tuple[torch.Tensor, int]]:

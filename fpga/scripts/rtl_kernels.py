@@ -45,6 +45,28 @@ KERNELS = {
         "top": "rope", "rtl": ["rope.v"],
         "sim": {"W": 8}, "synth": {"W": 32},
     },
+    # the ops of the whole-draft RTL run (dfvg/fpga/rtlsim), at the shipped draft's sizes
+    "requant32": {  # int32 residual requantization + residual add; ACC_W 48 covers the int4 path
+        "top": "requant32", "rtl": ["requant32.v"], "sim": {"ACC_W": 48}, "synth": {"ACC_W": 48},
+    },
+    "gemv_int4": {  # int4 weights, uint8 group scales; K = 512, G = 128 in the test
+        "top": "gemv_int4", "rtl": ["gemv_int4.v"],
+        "sim": {"P": 16, "W": 16}, "synth": {"P": 8, "W": 16}, "vectors": 200,
+    },
+    "rmsnorm_wide": {  # int32 residual rows: per-row shift into 15 bits, then rmsnorm
+        "top": "rmsnorm_wide", "rtl": ["delay_ram.v", "rmsnorm.v", "norm_prescale.v", "rmsnorm_wide.v"],
+        "files": {"SEED_FILE": "rsqrt_seed.hex"},
+        "sim": {"D": 512, "W": 16}, "synth": {"D": 512, "W": 16}, "vectors": 300,
+    },
+    "softmax_row": {  # max-subtract + prefix mask + softmax_exp + softmax_norm over a 256-position context
+        "top": "softmax_row", "rtl": ["delay_ram.v", "softmax_exp.v", "softmax_norm.v", "softmax_row.v"],
+        "files": {"EXP_FILE": "exp2.hex", "SEED_FILE": "recip_seed.hex"},
+        "sim": {"L": 256, "W": 16}, "synth": {"L": 1024, "W": 16}, "vectors": 300,
+    },
+    "swiglu": {  # SiLU table, silu * up, requantize
+        "top": "swiglu", "rtl": ["silu_lut.v", "requant.v", "swiglu.v"], "files": {"LUT_FILE": "silu.hex"},
+        "sim": {"W": 16}, "synth": {"W": 16},
+    },
 }
 
 

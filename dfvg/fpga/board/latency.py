@@ -6,8 +6,9 @@ Owns: the draft workload's byte and MAC counts (`DraftWorkload`), the accelerato
 measured: no board exists in this project. The model is calibrated against published U280 designs
 (FlightLLM, DFX; see tests/test_fpga_latency.py and docs/fpga_model.md).
 
-Does not own: the board facts (`boards.py`), the bit-exact datapath (`dfvg/fpga/datapath/`) or the
-resource estimate (`resources.py`).
+Does not own: the board facts (`boards.py`), the bit-exact datapath (`dfvg/fpga/datapath/`), the
+resource estimate (`resources.py`) or the cycle figures of the simulated RTL (`rtl_cycles.py`: the MAC
+efficiency of t_compute and the per-layer fixed cycles, `simulated` where a report gives them).
 
 The model, per forward pass that feeds n tokens at a cache of c positions:
     t_mem     = (off-chip weight bytes + off-chip KV bytes read/written) / (peak BW x efficiency)
@@ -23,30 +24,19 @@ A block of k tokens = one kernel launch + token ids over PCIe in + one pass of `
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dfvg.errors import UserError
 from dfvg.fpga.board.boards import Board
+from dfvg.fpga.board.rtl_cycles import compute_efficiency, layer_overhead
 from dfvg.stats import Metric
 
-DEFAULT_CYCLES_FILE = Path(__file__).resolve().parents[3] / "fpga" / "reports" / "kernel_cycles.json"
-ASSUMED_PHASE_CYCLES = 125.0  # fill + drain of one dependent phase (8 phases -> 1000 cycles per layer)
 RESIDENCY_POLICIES = ("auto", "none", "all")
 # PCIe 4.0 x16 per direction: 16 GT/s x 16 lanes x 128b/130b encoding / 8 bits = 31.5 GB/s (PCI-SIG PCI Express
 # Base Specification 4.0). A U280's host link is Gen3 x16 or 2 x Gen4 x8 (DS963), half of that; for the few
 # bytes of token ids a block moves, the per-transfer latency dominates either way.
 PCIE_GEN4_X16_GBPS = 16 * 16 * 128 / 130 / 8
-# The dependent phases of one decoder layer: (phase, RTL kernel-name substrings, uses per layer).
-_LAYER_PHASES = (
-    ("gemv", ("gemv", "matvec"), 4),  # wqkv, wo, w13, w2
-    ("norm", ("norm",), 2),  # attention_norm, ffn_norm
-    ("softmax", ("softmax", "attention"), 1),
-    ("elementwise", ("rope", "silu", "swiglu", "elementwise", "residual"), 1),
-)
-
-
 @dataclass(frozen=True)
 class DraftWorkload:
     """What one draft forward pass touches. Norm weights and biases are left out (< 0.1% of bytes).
@@ -140,12 +130,13 @@ class DesignParams:
     launch_overhead_us: float = 30.0  # XRT kernel launch: 16-100 us per call
     pcie_latency_us: float = 5.0  # per host<->card transfer (one bo sync), each direction
     pcie_gbps: float = PCIE_GEN4_X16_GBPS
-    dsp_efficiency: float = 1.0  # achieved / peak MACs per DSP-cycle; the RTL GEMV streams at 1.0 (simulated)
+    dsp_efficiency: float | None = None  # achieved / peak MACs per DSP-cycle; None: simulated (rtl_cycles.py)
     layer_overhead_cycles: float | None = None  # None: from kernel_cycles.json, else assumed 1000
     kv_on_chip: bool | None = None  # None: on chip when max_context positions fit
     max_context: int = 2048  # KV positions the design reserves
     on_chip_usable_fraction: float = 0.85  # of BRAM+URAM after the shell: activation buffers, packing
-    cycles_file: Path | None = field(default=None, compare=False)
+    cycles_file: Path | None = field(default=None, compare=False)  # kernel_cycles.json (make -C fpga sim)
+    rtl_run_file: Path | None = field(default=None, compare=False)  # draft_cycles.json (dfvg.fpga.rtl_run)
 
     def __post_init__(self) -> None:
         positive = ("clock_mhz", "dsps_used", "pcie_gbps", "max_context")
@@ -158,50 +149,10 @@ class DesignParams:
         if self.macs_per_dsp not in (1, 2):
             raise UserError(f"macs_per_dsp must be 1 or 2 (WP486 packing), got {self.macs_per_dsp}")
         for name in ("bandwidth_efficiency", "on_chip_usable_fraction", "dsp_efficiency"):
-            if not 0 < getattr(self, name) <= 1:
+            if getattr(self, name) is not None and not 0 < getattr(self, name) <= 1:
                 raise UserError(f"DesignParams.{name} must be in (0, 1], got {getattr(self, name)}")
         if self.layer_overhead_cycles is not None and self.layer_overhead_cycles < 0:
             raise UserError(f"layer_overhead_cycles must be >= 0, got {self.layer_overhead_cycles}")
-
-
-def layer_overhead(design: DesignParams) -> tuple[float, str, str]:
-    """Per-layer fixed cycles, with provenance and source.
-
-    A layer has ~8 dependent phases (4 GEMVs, 2 RMSNorms, softmax, the elementwise rope/SiLU/residual
-    step), each with a pipeline fill/drain that nothing overlaps. A phase whose RTL kernel appears in
-    kernel_cycles.json uses its simulated `latency_cycles`; the others keep the assumed 125 cycles, so a
-    partly built RTL gives a mixed (still `assumed`) figure, and only a complete one is `simulated` (at the
-    kernel sizes the file names: a latency simulated on a small tile is not the draft's).
-    """
-    if design.layer_overhead_cycles is not None:
-        return design.layer_overhead_cycles, "assumed", "DesignParams.layer_overhead_cycles"
-    path = design.cycles_file or DEFAULT_CYCLES_FILE
-    kernels = _read_cycles(path) if path.is_file() else {}
-    total, measured, assumed = 0.0, [], []
-    for phase, keys, uses in _LAYER_PHASES:
-        found = [k for name, k in kernels.items() if any(key in name.lower() for key in keys)]
-        if found:
-            total += uses * max(float(k["latency_cycles"]) for k in found)
-            measured.append(phase)
-        else:
-            total += uses * ASSUMED_PHASE_CYCLES
-            assumed.append(phase)
-    if not assumed:
-        sizes = "; ".join(f"{n} {k.get('params', {})}" for n, k in kernels.items())
-        return total, "simulated", f"RTL latency_cycles x uses per layer, {path.name}, at the sizes {sizes}"
-    where = (f"RTL-simulated {'/'.join(measured)} from {path.name}; " if measured
-             else f"no matching kernel in {path.name}; " if kernels else f"no {path.name}; ")
-    return total, "assumed", where + f"assumed {ASSUMED_PHASE_CYCLES:.0f} cycles x uses for {'/'.join(assumed)}"
-
-
-def _read_cycles(path: Path) -> dict:
-    try:
-        kernels = json.loads(path.read_text())["kernels"]
-        for k in kernels.values():
-            float(k["latency_cycles"])
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"{path}: not a kernel_cycles.json ({exc}); re-run the RTL cycle measurement") from exc
-    return kernels
 
 
 @dataclass(frozen=True)
@@ -268,12 +219,12 @@ class BlockEstimate:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, Metric)}
 
 
-def _pass_terms(w: DraftWorkload, board: Board, d: DesignParams, p: Placement, c: int, n: int):
+def _pass_terms(w: DraftWorkload, board: Board, d: DesignParams, p: Placement, c: int, n: int, efficiency: float):
     """(memory s, compute s, off-chip bytes) of one pass feeding n tokens with c positions cached."""
     kv_bytes = 0 if p.kv_on_chip else w.kv_bytes_per_position() * (c + 2 * n)  # read c+n, write n
     offchip = w.streamed_weight_bytes() - p.resident_weight_bytes + kv_bytes
     mem_s = offchip / (board.offchip_peak_gbps * 1e9 * d.bandwidth_efficiency)
-    macs_per_s = d.dsps_used * d.macs_per_dsp * d.dsp_efficiency * d.clock_mhz * 1e6
+    macs_per_s = d.dsps_used * d.macs_per_dsp * efficiency * d.clock_mhz * 1e6
     macs = n * (w.macs_per_token(c) - w.head_params()) + w.head_params()  # the head: last token only
     return mem_s, macs / macs_per_s, offchip
 
@@ -312,9 +263,10 @@ def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: 
     placement = place(workload, board, design)
     _check(workload, board, design, k, context_len, new_tokens, placement)
     cycles, cycles_prov, cycles_src = layer_overhead(design)
+    efficiency = compute_efficiency(design)
     overhead_s = workload.num_layers * cycles / (design.clock_mhz * 1e6)
     passes = [(context_len, new_tokens)] + [(context_len + new_tokens + i, 1) for i in range(k - 1)]
-    terms = [_pass_terms(workload, board, design, placement, c, n) for c, n in passes]
+    terms = [_pass_terms(workload, board, design, placement, c, n, efficiency[0]) for c, n in passes]
     mem_s = sum(t[0] for t in terms)
     compute_s = sum(t[1] for t in terms)
     passes_s = sum(max(t[0], t[1]) for t in terms) + overhead_s * len(passes)
@@ -330,7 +282,8 @@ def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: 
         block_time=Metric(block_s, "s", mdl, "launch + PCIe + sum over passes of max(mem, compute) + overhead"),
         time_per_token=Metric(block_s / k, "s", mdl, f"block time / k (k={k})"),
         memory_time=Metric(mem_s, "s", mdl, "off-chip bytes / (peak BW x efficiency), summed over passes"),
-        compute_time=Metric(compute_s, "s", mdl, "MACs / (DSPs x MACs/DSP x efficiency x clock), over passes"),
+        compute_time=Metric(compute_s, "s", mdl, f"MACs / (DSPs x MACs/DSP x efficiency x clock), over passes; "
+                            f"efficiency {efficiency[0]:.4f} {efficiency[1]}"),
         layer_overhead_time=Metric(overhead_s * len(passes), "s", mdl,
                                    f"{cycles:.0f} cycles/layer ({cycles_prov}: {cycles_src})"),
         launch_time=Metric(launch_s, "s", "assumed", "one XRT kernel launch per block"),
@@ -343,18 +296,20 @@ def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: 
         energy_per_block=Metric(board.power_w * block_s, "J", mdl, "board power x block time"),
         energy_per_token=Metric(board.power_w * block_s / k, "J", mdl, "board power x time per token"),
         board_power=power,
-        assumptions=assumptions(board, design, cycles_prov, cycles_src),
+        assumptions=assumptions(board, design, (cycles_prov, cycles_src), efficiency),
     )
 
 
-def assumptions(board: Board, design: DesignParams, cycles_prov: str, cycles_src: str) -> tuple[str, ...]:
+def assumptions(board: Board, design: DesignParams, overhead: tuple[str, str],
+                efficiency: tuple[float, str, str]) -> tuple[str, ...]:
     """The list of things the estimate rests on, each with its provenance."""
     bw = board.offchip_peak_gbps * design.bandwidth_efficiency
+    cycles_prov, cycles_src = overhead
     return (
         f"assumed: clock {design.clock_mhz} MHz (published U280 LLM designs close 200-285 MHz)",
         f"assumed: {design.dsps_used} DSPs x {design.macs_per_dsp} MAC/cycle "
-        f"({'WP486 hand packing' if design.macs_per_dsp == 2 else 'no DSP packing'}) at efficiency "
-        f"{design.dsp_efficiency} (simulated: the RTL gemv_tile streams P x W MACs per cycle, kernel_cycles.json)",
+        f"({'WP486 hand packing' if design.macs_per_dsp == 2 else 'no DSP packing'})",
+        f"{efficiency[1]}: MAC-array efficiency {efficiency[0]:.4f} ({efficiency[2]})",
         f"assumed: off-chip efficiency {design.bandwidth_efficiency} of {board.offchip_peak_gbps} GB/s peak "
         f"= {bw:.1f} GB/s (published designs: 0.10-0.43)",
         "assumed: weight streaming overlaps compute (double buffering): per pass max(memory, compute)",

@@ -121,30 +121,44 @@ class IntegerDraftModel:
         q, k, v = qkv.split([heads * hd, kv * hd, kv * hd], dim=-1)
         q, k = q.reshape(seq, heads, hd), k.reshape(seq, kv, hd)
         if cfg.qk_norm:  # Qwen3: per-head RMSNorm of int8 q and k (|x| < 2**15, no row shift needed)
-            q = fp.rmsnorm(q, self.t[p + ".q_norm.gamma"], *self.params[p + ".q_norm.params"])
-            k = fp.rmsnorm(k, self.t[p + ".k_norm.gamma"], *self.params[p + ".k_norm.params"])
+            q, k = self._head_norm(q, p + ".q_norm"), self._head_norm(k, p + ".k_norm")
         cos, sin = self.cos_q[start:start + seq, None], self.sin_q[start:start + seq, None]  # [T, 1, hd/2]
-        q = fp.rope_apply(q, cos, sin)
-        self.cache_k[i][start:start + seq] = fp.rope_apply(k, cos, sin)
+        q = self._rope(q, cos, sin)
+        self.cache_k[i][start:start + seq] = self._rope(k, cos, sin)
         self.cache_v[i][start:start + seq] = v.reshape(seq, kv, hd)
         length, rep = start + seq, heads // kv
         slots = torch.arange(length, device=self.device)
         keep = slots[None, :] <= (start + torch.arange(seq, device=self.device))[:, None]  # [T, L]
         keep = keep.repeat_interleave(rep, dim=0)  # rows t * rep + r, as q_g below
-        sm_m, sm_s = self.params[p + ".softmax"]
         out = []
         for g in range(kv):  # GQA: query heads g*rep .. g*rep+rep-1 read kv head g
             q_g = q[:, g * rep:(g + 1) * rep].reshape(seq * rep, hd)
-            scores = fp.int_matmul(q_g, self.cache_k[i][:length, g])  # [T*rep, L]
-            probs = fp.softmax_q15(scores, sm_m, sm_s, keep)  # Q0.15
-            acc = fp.int_matmul(probs, self.cache_v[i][:length, g].T)  # [T*rep, hd]
-            out.append(fp.requantize(acc, *self.params[p + ".pv"]).reshape(seq, rep * hd))
+            o = self._attend(q_g, self.cache_k[i][:length, g], self.cache_v[i][:length, g], keep, p)
+            out.append(o.reshape(seq, rep * hd))
         return torch.cat(out, dim=-1)
+
+    def _head_norm(self, x: Tensor, name: str) -> Tensor:
+        """Qwen3's qk-norm: int8 [T, heads, hd] -> int8, one RMSNorm per head."""
+        return fp.rmsnorm(x, self.t[name + ".gamma"], *self.params[name + ".params"])
+
+    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        return fp.rope_apply(x, cos, sin)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor, p: str) -> Tensor:
+        """int8 q [R, hd] over the cached k, v [L, hd] with keep [R, L] -> int8 attention output [R, hd]."""
+        scores = fp.int_matmul(q, k)  # [R, L]
+        probs = fp.softmax_q15(scores, *self.params[p + ".softmax"], keep)  # Q0.15
+        acc = fp.int_matmul(probs, v.T)  # [R, hd]
+        return fp.requantize(acc, *self.params[p + ".pv"])
 
     def _feed_forward(self, i: int, x: Tensor) -> Tensor:
         """int8 [T, D] -> int8 w2 input [T, I]."""
         p = f"layers.{i}.feed_forward"
         gate, up = self._linear8(x, p + ".w13").split(self.config.intermediate_size, dim=-1)
+        return self._swiglu(gate, up, p)
+
+    def _swiglu(self, gate: Tensor, up: Tensor, p: str) -> Tensor:
+        """int8 gate, up [T, I] -> int8 h = requant(silu_lut(gate) * up)."""
         silu = fp.lut_apply(gate, self.t[p + ".silu_table"]).to(torch.int64)
         return fp.requantize(silu * up.to(torch.int64), *self.params[p + ".hidden"])
 
@@ -165,20 +179,33 @@ class IntegerDraftModel:
             return self._forward(ids, start_pos)
 
     def _forward(self, ids: Tensor, start_pos: int) -> Tensor:
+        return self._linear32(self._norm(self.layers(ids, start_pos)[-1:], "norm"), "output")[0]
+
+    def layers(self, ids: Tensor, start_pos: int) -> Tensor:
+        """Embedding and every decoder layer: ids [T] -> int32 residual [T, D] (K/V written to the cache)."""
         r = self.embed(ids)
         for i in range(self.config.num_layers):
             p = f"layers.{i}."
             attn = self._attention(i, self._norm(r, p + "attention_norm"), start_pos)
-            r = (r + self._linear32(attn, p + "attention.wo")).clamp(INT32_MIN, INT32_MAX)
+            r = self._residual(r, attn, p + "attention.wo")
             hidden = self._feed_forward(i, self._norm(r, p + "ffn_norm"))
-            r = (r + self._linear32(hidden, p + "feed_forward.w2")).clamp(INT32_MIN, INT32_MAX)
-        return self._linear32(self._norm(r[-1:], "norm"), "output")[0]
+            r = self._residual(r, hidden, p + "feed_forward.w2")
+        return r
+
+    def _residual(self, r: Tensor, x: Tensor, name: str) -> Tensor:
+        """r + requant32(x @ W): the residual add, saturated to int32."""
+        return (r + self._linear32(x, name)).clamp(INT32_MIN, INT32_MAX)
+
+    def head_rows(self, vocab_limit: int | None) -> tuple[int, Tensor | None]:
+        """(rows of the LM head the argmax may pick, row -> token id table or None for the identity)."""
+        table = self.t.get("output.token_ids")  # a head over an ascending subset of ids: map back
+        if table is None:
+            return min(vocab_limit or self.config.vocab_size, self.config.vocab_size), None
+        return int((table < (vocab_limit or self.config.vocab_size)).sum()), table
 
     def next_token(self, ids: Tensor, start_pos: int, vocab_limit: int | None = None) -> int:
         """Greedy draft token after ids: argmax (lowest index on ties) of the integer logits."""
         logits = self.forward(ids, start_pos)
-        table = self.t.get("output.token_ids")  # a head over an ascending subset of ids: map back
-        if table is None:
-            return int(fp.argmax_lowest(logits[:vocab_limit]))
-        usable = int((table < (vocab_limit or self.config.vocab_size)).sum())
-        return int(table[fp.argmax_lowest(logits[:usable])])
+        usable, table = self.head_rows(vocab_limit)
+        row = int(fp.argmax_lowest(logits[:usable]))
+        return row if table is None else int(table[row])
