@@ -109,13 +109,27 @@ def env_info(device: str) -> dict:
     return info
 
 
+HELD_OUT = ROOT / "data/humaneval-heldout.jsonl"  # the 46 HumanEval prompts the shipped distilled draft never saw
+
+
+def held_out_first(tasks: list[dict], held_out: list[str]) -> list[dict]:
+    """Tasks whose id is in held_out first, in held_out's order; the rest after, in their own order."""
+    rank = {task_id: i for i, task_id in enumerate(held_out)}
+    return sorted(tasks, key=lambda t: rank.get(t["id"], len(held_out)))
+
+
 def write_prompts(path: str, count: int = 164) -> None:
-    """Tokenize HumanEval prompts with the target's tokenizer (raw prompt text, as benchmarks/cpu_pair.py)."""
+    """Tokenize HumanEval prompts with the target's tokenizer (raw prompt text, as benchmarks/cpu_pair.py).
+
+    The distilled draft's held-out prompts come first, so `--prompts 20` times 20 prompts it never trained on
+    (HumanEval/0-19 held 18 of its training prompts: the 2026-12-04 lease's distilled row is not held out)."""
     from dfvg.datasets import load_humaneval
     from dfvg.tokenizer import encode, load_tokenizer
 
     tokenizer = load_tokenizer(ROOT / "models/qwen2.5-coder-1.5b-instruct")
-    rows = [{"id": t["id"], "ids": encode(tokenizer, t["prompt"])} for t in load_humaneval(limit=count)]
+    held_out = [json.loads(line)["id"] for line in HELD_OUT.read_text().splitlines() if line.strip()]
+    tasks = held_out_first(load_humaneval(limit=count), held_out)
+    rows = [{"id": t["id"], "ids": encode(tokenizer, t["prompt"]), "held_out": t["id"] in held_out} for t in tasks]
     Path(path).write_text(json.dumps(rows))
     print(f"wrote {len(rows)} prompts to {path}; lengths {min(len(r['ids']) for r in rows)}.."
           f"{max(len(r['ids']) for r in rows)}")

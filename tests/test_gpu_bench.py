@@ -138,3 +138,16 @@ def test_reprojection_refuses_a_report_without_an_fpga_projection(tmp_path):
     path.write_text(json.dumps({"variants": {"baseline": {}, "speculative": {}}}))
     with pytest.raises(UserError, match="lacks a fpga variant"):
         read_summary(str(path))
+
+
+def test_benchmark_prompts_put_the_drafts_held_out_prompts_first():
+    """`--prompts 20` must time prompts the distilled draft never trained on (HumanEval/0-19 held 18 it did)."""
+    from benchmarks.gpu_speed import HELD_OUT, held_out_first
+
+    tasks = [{"id": f"HumanEval/{i}"} for i in range(164)]
+    held_out = [json.loads(line)["id"] for line in HELD_OUT.read_text().splitlines() if line.strip()]
+    ordered = held_out_first(tasks, held_out)
+    assert [t["id"] for t in ordered[:20]] == held_out[:20]
+    assert sorted(t["id"] for t in ordered) == sorted(t["id"] for t in tasks)  # nothing lost or doubled
+    rest = [t["id"] for t in ordered[len(held_out):]]
+    assert rest == [t["id"] for t in tasks if t["id"] not in held_out]
