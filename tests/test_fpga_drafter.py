@@ -110,7 +110,8 @@ def test_modeled_block_time_by_hand(cut_head_draft, tmp_path):
     off-chip bytes: each pass costs its MACs / (DSPs x clock) plus the layer overhead."""
     drafter = FpgaDrafter.from_checkpoint(cut_head_draft, target_vocab_size=96, bits=8, artifact_dir=tmp_path)
     drafter.prefill(PROMPT, 64)
-    drafter.design = dataclasses.replace(drafter.design, layer_overhead_cycles=1000.0)
+    # the MAC efficiency pinned to 1 (the default reads the simulated RTL's, fpga/reports/draft_cycles.json)
+    drafter.design = dataclasses.replace(drafter.design, layer_overhead_cycles=1000.0, dsp_efficiency=1.0)
     block = drafter.propose(PROMPT, 4, GREEDY, None)
     d, inter, heads, kv_heads, head_dim, layers = 32, 48, 4, 2, 8, 1  # tests/conftest.py's tiny draft
     cfg = drafter.model.config
