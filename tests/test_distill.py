@@ -85,14 +85,17 @@ def test_trained_draft_beats_random_on_held_out(distilled):
     assert after["mean_accepted_length"] > before["mean_accepted_length"]
 
 
-def test_held_out_prompts_never_trained_and_split_is_deterministic(distilled, setup):
+def test_three_splits_are_disjoint_recorded_and_old_held_out_never_trained(distilled, setup):
     _, summary = distilled
-    train_keys, held_keys = set(summary["train_prompts"]), set(summary["heldout_prompts"])
-    assert train_keys and held_keys and not train_keys & held_keys
-    assert all(data.is_held_out(k, 0.25) for k in held_keys)
-    assert not any(data.is_held_out(k, 0.25) for k in train_keys)
+    keys = {name: set(summary[f"{name}_prompts"]) for name in ("train", "validation", "test")}
+    assert all(keys.values()) and sum(map(len, keys.values())) == 200
+    assert not (keys["train"] & keys["validation"] or keys["train"] & keys["test"] or keys["validation"] & keys["test"])
+    assert keys["test"] == {k for k in keys["train"] | keys["validation"] | keys["test"] if data.is_held_out(k, 0.25)}
+    assert not any(data.is_held_out(k, 0.25) for k in keys["train"])  # the two-way split's held-out set
     recipe = json.loads((distilled[0] / "distill_recipe.json").read_text())
-    assert recipe["heldout_prompts"] == summary["heldout_prompts"] and recipe["options"]["seed"] == 0
+    for name in ("train", "validation", "test"):
+        assert recipe[f"{name}_prompts"] == summary[f"{name}_prompts"]
+    assert recipe["options"]["seed"] == 0 and set(recipe["acceptance_test"]) == {"2", "4"}
 
 
 def test_extra_samples_per_training_prompt(setup):
@@ -100,12 +103,12 @@ def test_extra_samples_per_training_prompt(setup):
     cache = setup / "teacher-x3"
     summary = run(options(setup, "draft-x3", prompts=str(setup / "prompts.jsonl") + "*3", steps=2,
                           teacher_cache=str(cache)), log=lambda line: None)
-    meta = json.loads((cache / "train-samples" / data.TEACHER_META).read_text())
-    train = data.load_teacher(cache / "train", json.loads((cache / "train" / data.TEACHER_META).read_text()))
+    meta = json.loads((cache / "train-samples" / data.TEACHER_META).read_text())["recipe"]
+    train = data.load_teacher(cache / "train", json.loads((cache / "train" / data.TEACHER_META).read_text())["recipe"])
     extra = data.load_teacher(cache / "train-samples", meta)
-    held = data.load_teacher(cache / "heldout", json.loads((cache / "heldout" / data.TEACHER_META).read_text()))
+    held = data.load_teacher(cache / "test", json.loads((cache / "test" / data.TEACHER_META).read_text())["recipe"])
     assert meta["temperature"] == 0.7 and len(train) == len(summary["train_prompts"])
-    assert len(extra) == 2 * len(train) and len(held) == len(summary["heldout_prompts"])
+    assert len(extra) == 2 * len(train) and len(held) == len(summary["test_prompts"])
     assert {tuple(s.prompt) for s in extra} == {tuple(s.prompt) for s in train}
     greedy = {tuple(s.prompt): s.continuation for s in train}
     assert sum(s.continuation != greedy[tuple(s.prompt)] for s in extra) > len(extra) // 4  # really sampled

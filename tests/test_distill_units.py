@@ -57,11 +57,14 @@ def test_parse_sources_and_split_validation():
         with pytest.raises(UserError):
             data.parse_sources(bad)
     prompts = [data.Prompt(f"s/{i}", [1]) for i in range(40)]
-    train, held = data.split(prompts, 0.25)
-    assert len(train) + len(held) == 40 and 3 <= len(held) <= 20
-    assert data.split(prompts, 0.25) == (train, held)
-    with pytest.raises(UserError, match="heldout-fraction"):
-        data.split(prompts, 1.0)
+    train, val, test = data.split(prompts, 0.2, 0.25)
+    assert len(train) + len(val) + len(test) == 40 and 3 <= len(test) <= 20 and 2 <= len(val) <= 16
+    assert data.split(prompts, 0.2, 0.25) == (train, val, test)
+    for val_fraction, test_fraction in ((0.0, 0.25), (0.2, 1.0), (0.5, 0.5)):
+        with pytest.raises(UserError, match="--val-fraction and --test-fraction"):
+            data.split(prompts, val_fraction, test_fraction)
+    with pytest.raises(UserError, match="give more prompts"):
+        data.split(prompts[:2], 0.2, 0.25)
 
 
 def _cfg(layers, hidden, head_vocab, inter=None, heads=None, kv=None):
