@@ -8,7 +8,8 @@ The target continues every prompt (teacher data, cached under <output>/teacher/)
 target's top-k distribution on those continuations, its greedy acceptance is measured on validation
 prompts (and reported on test prompts), and the draft is saved as a checkpoint DFVG loads (config.json +
 model.safetensors + tokenizer + draft_vocab.json + distill_recipe.json). Training longer than one lease:
---checkpoint-dir DIR --time-budget S, then the same command with --resume DIR (docs/distill.md). The last line printed is one JSON object; sizing lines are modeled.
+--checkpoint-dir DIR --time-budget S, then the same command with --resume DIR (docs/distill.md).
+The last line printed is one JSON object; sizing lines are modeled.
 A flag mistake is one line on stderr and exit status 2.
 """
 

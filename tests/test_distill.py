@@ -198,6 +198,39 @@ def test_same_seed_same_weights_other_seed_differs(distilled, setup):
     assert not all(torch.equal(a[n], c[n]) for n in a if a[n].is_floating_point())
 
 
+def test_pipeline_stopped_and_resumed_equals_one_run(setup, capsys):
+    """Two "leases" (--stop-after, then --resume through the script) export the weights of one run."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import distill_draft
+
+    ckpt = setup / "ckpt"
+    first = run(options(setup, "leased", steps=20, checkpoint_dir=str(ckpt), stop_after=12), log=lambda line: None)
+    assert first["finished"] is False and first["step"] == 12 and not (setup / "leased" / "model.safetensors").exists()
+    argv = ["--target", str(setup / "target"), "--output", str(setup / "leased"), "--prompts",
+            str(setup / "prompts.jsonl"), "--teacher-cache", str(setup / "teacher"), "--max-new-tokens", "24",
+            "--steps", "20", "--layers", "1", "--hidden", "32", "--vocab-top", str(HEAD), "--lr", "3e-3",
+            "--init", "random", "--eval-k", "2,4", "--teacher-batch", "64", "--resume", str(ckpt)]
+    assert distill_draft.main(argv) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["acceptance_test"]
+    whole = run(options(setup, "unleased", steps=20), log=lambda line: None)
+    a, b = (load_file(str(setup / name / "model.safetensors")) for name in ("leased", "unleased"))
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert json.loads((setup / "leased" / "distill_recipe.json").read_text())["losses"] == whole["losses"]
+
+
+def test_a_damaged_teacher_shard_is_refused_in_one_line(setup):
+    import shutil
+
+    cache = setup / "teacher-damaged"
+    shutil.copytree(setup / "teacher", cache)
+    shard = sorted((cache / "train").glob("teacher-*.safetensors"))[0]
+    assert all(f.stat().st_size <= 16 * 2**20 for f in cache.rglob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(UserError, match="teacher cache: .* cut short") as err:
+        run(options(setup, "damaged", steps=1, teacher_cache=str(cache)), log=lambda line: None)
+    assert "\n" not in str(err.value)
+
+
 def test_full_vocabulary_head_and_pca_init(setup):
     summary = run(options(setup, "full", vocab_top=0, init="target-pca", hidden=64, steps=5), log=lambda line: None)
     model = load_model(setup / "full")

@@ -122,7 +122,7 @@ def teacher_sequences(opts: DistillOptions, prompts: list[data.Prompt], temperat
                                      set(eos_token_ids(opts.target)), opts.teacher_top_k,
                                      SamplingParams(temperature), opts.seed, opts.teacher_batch, log)
     data.save_teacher(directory, sequences, recipe)
-    return sequences
+    return data.load_teacher(directory, recipe)  # as stored (fp16 probabilities): the same data on every resume
 
 
 def check_fits_target(opts: DistillOptions, target_cfg) -> None:

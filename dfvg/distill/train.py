@@ -175,10 +175,12 @@ def train(model: Transformer, data: list[TeacherSequence], params: TrainParams, 
 
 def _out_of_time(ckpt: resume.Checkpointing, state: resume.TrainState, first: int, started: float,
                  slowest: float) -> bool:
-    """This run's limits: --stop-after steps, or a --time-budget the next step could overrun."""
-    if ckpt.stop_after and state.step - first >= ckpt.stop_after:
+    """This run's limits: --stop-after steps, or a --time-budget the next step could overrun (judged by
+    the slowest step so far; every run takes at least one step, so a chain of leases always advances)."""
+    taken = state.step - first
+    if ckpt.stop_after and taken >= ckpt.stop_after:
         return True
-    return bool(ckpt.time_budget_s) and time.perf_counter() - started + slowest > ckpt.time_budget_s
+    return bool(ckpt.time_budget_s) and taken > 0 and time.perf_counter() - started + slowest > ckpt.time_budget_s
 
 
 def _steps(model: Transformer, data: list[TeacherSequence], params: TrainParams, in_head: Tensor,
