@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -93,6 +94,26 @@ def test_a_prompt_file_named_like_a_builtin_set_gets_its_keys(tmp_path):
     (tmp_path / "humaneval.jsonl").write_text('{"task_id": "HumanEval/3", "prompt": "w5 w6"}\n')
     prompts = data.load_prompt_ids(str(tmp_path / "humaneval.jsonl"), build_tokenizer(), 1)
     assert prompts == [data.Prompt("humaneval/HumanEval/3", [6])]
+    (tmp_path / "sharegpt-code.jsonl").write_text('{"id": "abc_0", "prompt": "w5 w6"}\n')
+    (tmp_path / "sharegpt.jsonl").write_text('{"id": "abc_0", "prompt": "w5 w6"}\n')
+    prompts = data.load_prompt_ids(str(tmp_path / "sharegpt-code.jsonl"), build_tokenizer(), 1)
+    assert [p.key for p in prompts] == ["sharegpt/abc_0"]  # the subset keeps its parent's keys, hence split
+    with pytest.raises(UserError, match="same prompt twice"):
+        data.load_prompt_ids(f"{tmp_path}/sharegpt.jsonl,{tmp_path}/sharegpt-code.jsonl", build_tokenizer(), 1)
+
+
+def test_test_split_at_a_quarter_is_the_shipped_drafts_held_out_set():
+    """data/humaneval-heldout.jsonl (the 46 prompts the shipped draft never trained on) is exactly the test
+    split at --test-fraction 0.25, whatever --val-fraction; validation never takes one of them."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "humaneval-heldout.jsonl"
+    shipped = {json.loads(line)["id"] for line in path.read_text().splitlines()}
+    for val in (0.05, 0.1, 0.3):
+        parts = {i: data.split_of(f"humaneval/HumanEval/{i}", val, 0.25) for i in range(164)}
+        assert {f"HumanEval/{i}" for i, part in parts.items() if part == "test"} == shipped
+    smaller = {i for i in range(164) if data.split_of(f"humaneval/HumanEval/{i}", 0.1, 0.1) == "test"}
+    assert smaller and {f"HumanEval/{i}" for i in smaller} < shipped
 
 
 def test_token_rows_map_head_tokens_to_their_rows_and_others_to_the_nearest():

