@@ -159,7 +159,7 @@ def load_teacher(directory: Path, recipe: dict) -> list[TeacherSequence] | None:
     if not (directory / TEACHER_META).is_file():
         return None
     meta = read_json(directory / TEACHER_META, "teacher cache meta")
-    if meta.get("recipe") != recipe:
+    if "recipe" not in meta or meta["recipe"] != recipe:  # another recipe, or the unsharded format of before
         return None
     t = shards.load_sharded(directory, meta, "teacher cache")
     seq_starts = torch.cumsum(t["seq_lens"], 0) - t["seq_lens"]
