@@ -249,6 +249,11 @@ def test_full_vocabulary_head_and_pca_init(setup):
     (["--prompts", "humaneval*0"], "'*'"),
     (["--device", "cuda:7"], "cuda"),
     (["--bogus"], "unrecognized"),
+    (["--val-fraction", "0"], "--val-fraction"),
+    (["--test-fraction", "0.5", "--val-fraction", "0.5"], "--test-fraction"),
+    (["--stop-after", "5"], "--checkpoint-dir"),
+    (["--checkpoint-every", "-1", "--checkpoint-dir", "c"], "--checkpoint-every"),
+    (["--resume", "/nonexistent/ckpt"], "no checkpoint.json"),
 ])
 def test_bad_flags_are_one_line_errors(setup, capsys, argv, needle):
     sys.path.insert(0, str(SCRIPT.parent))

@@ -56,6 +56,14 @@ class Checkpointing:
         if (self.every or self.stop_after or self.time_budget_s) and self.directory is None:
             raise UserError("--checkpoint-every, --stop-after and --time-budget need --checkpoint-dir "
                             "(where the run can be resumed from)")
+        if self.resume is not None:
+            require_checkpoint(self.resume)  # before the teacher phase, not after it
+
+
+def require_checkpoint(directory: Path) -> None:
+    if not (directory / META).is_file():
+        raise UserError(f"--resume {directory}: no {META} there (no checkpoint written, or the copy is "
+                        "incomplete); give the --checkpoint-dir of an earlier run")
 
 
 @dataclass
@@ -114,9 +122,7 @@ def load(directory: Path, model: Transformer, optimizer: torch.optim.Optimizer, 
          run: dict) -> TrainState:
     """Restore model, optimizer, RNGs and data position from `directory`; one-line errors for a missing,
     cut-short or foreign checkpoint."""
-    if not (directory / META).is_file():
-        raise UserError(f"--resume {directory}: no {META} there (no checkpoint written, or the copy is "
-                        "incomplete); give the --checkpoint-dir of an earlier run")
+    require_checkpoint(directory)
     meta = read_json(directory / META, "training checkpoint")
     _check_same_run(directory, meta, run)
     tensors = shards.load_sharded(directory, meta, "training checkpoint")
