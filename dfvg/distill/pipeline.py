@@ -185,7 +185,8 @@ def sizing_report(cfg, opts: DistillOptions, log) -> dict:
     return out
 
 
-def teacher_data(opts: DistillOptions, train_prompts, val_prompts, test_prompts, log):
+def teacher_data(opts: DistillOptions, train_prompts: list[data.Prompt], val_prompts: list[data.Prompt],
+                 test_prompts: list[data.Prompt], log) -> tuple[list, list, list]:
     """(train, validation, test) continuations; validation and test are greedy (evaluate.py is exact then)."""
     loaded: dict = {}
     train_seqs = teacher_sequences(opts, train_prompts, opts.teacher_temperature, "train", loaded, log)
@@ -199,7 +200,8 @@ def teacher_data(opts: DistillOptions, train_prompts, val_prompts, test_prompts,
     return train_seqs, val_seqs, test_seqs
 
 
-def acceptance(model, seqs, opts: DistillOptions) -> dict:
+def acceptance(model, seqs: list[teacher.TeacherSequence], opts: DistillOptions) -> dict[int, dict]:
+    """The draft's greedy acceptance table over `seqs` at every --eval-k (evaluate.py's exact shortcut)."""
     return evaluate.acceptance_table(evaluate.greedy_matches(model, seqs), list(opts.eval_ks), opts.max_new_tokens)
 
 
