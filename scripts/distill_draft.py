@@ -5,9 +5,11 @@
         --layers 4 --hidden 512 --vocab-top 32768 --steps 2000 --device cuda --prompts humaneval,sharegpt:2000
 
 The target continues every prompt (teacher data, cached under <output>/teacher/), a seeded draft learns the
-target's top-k distribution on those continuations, its greedy acceptance is measured on held-out prompts
-only, and the draft is saved as a checkpoint DFVG loads (config.json + model.safetensors + tokenizer +
-draft_vocab.json + distill_recipe.json). The last line printed is one JSON object; sizing lines are modeled.
+target's top-k distribution on those continuations, its greedy acceptance is measured on validation
+prompts (and reported on test prompts), and the draft is saved as a checkpoint DFVG loads (config.json +
+model.safetensors + tokenizer + draft_vocab.json + distill_recipe.json). Training longer than one lease:
+--checkpoint-dir DIR --time-budget S, then the same command with --resume DIR (docs/distill.md).
+The last line printed is one JSON object; sizing lines are modeled.
 A flag mistake is one line on stderr and exit status 2.
 """
 
@@ -46,7 +48,10 @@ def parse_args(argv: list[str] | None) -> DistillOptions:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (teacher generation and training)")
     p.add_argument("--prompts", default="humaneval",
                    help="comma list of humaneval, sharegpt or files, each [:LIMIT][*SAMPLES per training prompt]")
-    p.add_argument("--heldout-fraction", type=float, default=0.25)
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="share of prompts for validation: the end-of-run evaluation runs are compared on")
+    p.add_argument("--test-fraction", "--heldout-fraction", type=float, default=0.25, dest="test_fraction",
+                   help="share of prompts for test, only reported (0.25 = the first drafts' held-out set)")
     p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--teacher-top-k", type=int, default=32)
@@ -56,6 +61,13 @@ def parse_args(argv: list[str] | None) -> DistillOptions:
     p.add_argument("--teacher-batch", type=int, default=16)
     p.add_argument("--teacher-dtype", default="", help="float32 or bfloat16 (default: bfloat16 on cuda)")
     p.add_argument("--teacher-cache", default="", help="teacher data folder (default: <output>/teacher)")
+    p.add_argument("--checkpoint-dir", default="",
+                   help="write resumable training checkpoints here (files <= 16 MiB + checkpoint.json)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0 = at the end)")
+    p.add_argument("--stop-after", type=int, default=0, help="steps this run may take, then checkpoint and stop")
+    p.add_argument("--time-budget", type=float, default=0.0,
+                   help="seconds of training this run may take (e.g. a lease's), then checkpoint and stop")
+    p.add_argument("--resume", default="", help="continue the training checkpoint in this folder")
     p.add_argument("--init", default="target-pca", help="target-pca or random")
     p.add_argument("--eval-k", default="2,4,6,8", help="draft lengths measured on the held-out prompts")
     p.add_argument("--board", default="u280")
@@ -69,11 +81,14 @@ def parse_args(argv: list[str] | None) -> DistillOptions:
         target=a.target, output=a.output, layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads,
         intermediate=a.intermediate, vocab_top=a.vocab_top, embed=a.embed, save_dtype=a.save_dtype,
         steps=a.steps, batch_size=a.batch_size, lr=a.lr,
-        seed=a.seed, device=a.device, prompts=a.prompts, heldout_fraction=a.heldout_fraction,
+        seed=a.seed, device=a.device, prompts=a.prompts, val_fraction=a.val_fraction,
+        test_fraction=a.test_fraction,
         max_prompt_tokens=a.max_prompt_tokens, max_new_tokens=a.max_new_tokens, teacher_top_k=a.teacher_top_k,
         teacher_temperature=a.teacher_temperature, sample_temperature=a.sample_temperature,
         teacher_batch=a.teacher_batch, teacher_dtype=a.teacher_dtype,
-        teacher_cache=a.teacher_cache, init=a.init, eval_ks=ks, board=a.board, verify_ms=a.verify_ms)
+        teacher_cache=a.teacher_cache, checkpoint_dir=a.checkpoint_dir,
+        checkpoint_every=a.checkpoint_every, stop_after=a.stop_after, time_budget=a.time_budget, resume=a.resume,
+        init=a.init, eval_ks=ks, board=a.board, verify_ms=a.verify_ms)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,11 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         check_writable(opts.output, "--output")
         if opts.teacher_cache:
             check_writable(opts.teacher_cache, "--teacher-cache")
+        if opts.checkpoint_dir:
+            check_writable(opts.checkpoint_dir, "--checkpoint-dir")
         summary = run(opts, log=lambda line: print(line, flush=True))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    final = {k: summary[k] for k in ("shape", "acceptance_before", "acceptance_after", "head_coverage_of_train_tokens")}
+    if not summary["finished"]:
+        print(json.dumps({k: summary[k] for k in ("finished", "step", "checkpoint")}))
+        return 0
+    final = {k: summary[k] for k in ("shape", "acceptance_before", "acceptance_after", "acceptance_test",
+                                     "head_coverage_of_train_tokens")}
     final["final_loss"] = summary["losses"][-1]
     final["sizing_modeled"] = {bits: {"fits_on_chip": s["fits_on_chip"], "block_ms": s["block_time"]["value"] * 1e3}
                                for bits, s in summary["sizing"].items()}

@@ -94,6 +94,34 @@ def test_load_sharegpt_from_truncated_file(tmp_path):
     assert datasets.load_sharegpt(path, limit=1) == [{"id": "a", "prompt": "q1"}]
 
 
+@pytest.mark.parametrize("text, code", [
+    ("Fix this:\n```python\nprint(1)\n```", True),
+    ("def f(x):\n    return x + 1", True),
+    ("#include <stdio.h>\nint main() {\n}", True),
+    ("const a = 1;\nlet b = a;", True),
+    ("import os", False),  # one code-like line: a sentence could start so
+    ("Let me think.\nImport duties are high. Return policies vary.", False),  # case-sensitive
+    ("Write a poem about the sea.", False),
+])
+def test_looks_like_code(text, code):
+    assert datasets.looks_like_code(text) is code
+
+
+def test_sharegpt_code_keeps_code_in_the_first_turn_or_its_reply(tmp_path):
+    fence = "```js\nx()\n```"
+    records = [_conv("q", ("human", "sort a list in python: " + fence), ("gpt", "sure")),
+               _conv("r", ("human", "how do I sort a list?"), ("gpt", "Use:\n" + fence)),
+               _conv("s", ("human", "a poem"), ("gpt", "roses"), ("human", fence)),  # code only later: no
+               _conv("t", ("system", fence), ("human", "hello"), ("gpt", "hi")),  # a system turn is not a reply
+               _conv("u", ("human", "hello"), ("gpt", "hi"))]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(records))
+    assert [p["id"] for p in datasets.load_sharegpt(path, code_only=True)] == ["q", "r"]
+    assert [p["id"] for p in datasets.load_sharegpt(path, limit=1, code_only=True)] == ["q"]
+    assert len(datasets.load_sharegpt(path)) == 5
+    assert not datasets.is_code_conversation("not a list") and not datasets.is_code_conversation([])
+
+
 def test_load_prompts_reads_json_jsonl_and_gz(tmp_path):
     rows = [{"id": "p0", "prompt": "one"}, {"id": "p1", "prompt": "two"}]
     (tmp_path / "a.json").write_text(json.dumps(["one", "two"]))

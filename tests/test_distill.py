@@ -85,14 +85,17 @@ def test_trained_draft_beats_random_on_held_out(distilled):
     assert after["mean_accepted_length"] > before["mean_accepted_length"]
 
 
-def test_held_out_prompts_never_trained_and_split_is_deterministic(distilled, setup):
+def test_three_splits_are_disjoint_recorded_and_old_held_out_never_trained(distilled, setup):
     _, summary = distilled
-    train_keys, held_keys = set(summary["train_prompts"]), set(summary["heldout_prompts"])
-    assert train_keys and held_keys and not train_keys & held_keys
-    assert all(data.is_held_out(k, 0.25) for k in held_keys)
-    assert not any(data.is_held_out(k, 0.25) for k in train_keys)
+    keys = {name: set(summary[f"{name}_prompts"]) for name in ("train", "validation", "test")}
+    assert all(keys.values()) and sum(map(len, keys.values())) == 200
+    assert not (keys["train"] & keys["validation"] or keys["train"] & keys["test"] or keys["validation"] & keys["test"])
+    assert keys["test"] == {k for k in keys["train"] | keys["validation"] | keys["test"] if data.is_held_out(k, 0.25)}
+    assert not any(data.is_held_out(k, 0.25) for k in keys["train"])  # the two-way split's held-out set
     recipe = json.loads((distilled[0] / "distill_recipe.json").read_text())
-    assert recipe["heldout_prompts"] == summary["heldout_prompts"] and recipe["options"]["seed"] == 0
+    for name in ("train", "validation", "test"):
+        assert recipe[f"{name}_prompts"] == summary[f"{name}_prompts"]
+    assert recipe["options"]["seed"] == 0 and set(recipe["acceptance_test"]) == {"2", "4"}
 
 
 def test_extra_samples_per_training_prompt(setup):
@@ -100,12 +103,12 @@ def test_extra_samples_per_training_prompt(setup):
     cache = setup / "teacher-x3"
     summary = run(options(setup, "draft-x3", prompts=str(setup / "prompts.jsonl") + "*3", steps=2,
                           teacher_cache=str(cache)), log=lambda line: None)
-    meta = json.loads((cache / "train-samples" / data.TEACHER_META).read_text())
-    train = data.load_teacher(cache / "train", json.loads((cache / "train" / data.TEACHER_META).read_text()))
+    meta = json.loads((cache / "train-samples" / data.TEACHER_META).read_text())["recipe"]
+    train = data.load_teacher(cache / "train", json.loads((cache / "train" / data.TEACHER_META).read_text())["recipe"])
     extra = data.load_teacher(cache / "train-samples", meta)
-    held = data.load_teacher(cache / "heldout", json.loads((cache / "heldout" / data.TEACHER_META).read_text()))
+    held = data.load_teacher(cache / "test", json.loads((cache / "test" / data.TEACHER_META).read_text())["recipe"])
     assert meta["temperature"] == 0.7 and len(train) == len(summary["train_prompts"])
-    assert len(extra) == 2 * len(train) and len(held) == len(summary["heldout_prompts"])
+    assert len(extra) == 2 * len(train) and len(held) == len(summary["test_prompts"])
     assert {tuple(s.prompt) for s in extra} == {tuple(s.prompt) for s in train}
     greedy = {tuple(s.prompt): s.continuation for s in train}
     assert sum(s.continuation != greedy[tuple(s.prompt)] for s in extra) > len(extra) // 4  # really sampled
@@ -195,6 +198,39 @@ def test_same_seed_same_weights_other_seed_differs(distilled, setup):
     assert not all(torch.equal(a[n], c[n]) for n in a if a[n].is_floating_point())
 
 
+def test_pipeline_stopped_and_resumed_equals_one_run(setup, capsys):
+    """Two "leases" (--stop-after, then --resume through the script) export the weights of one run."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import distill_draft
+
+    ckpt = setup / "ckpt"
+    first = run(options(setup, "leased", steps=20, checkpoint_dir=str(ckpt), stop_after=12), log=lambda line: None)
+    assert first["finished"] is False and first["step"] == 12 and not (setup / "leased" / "model.safetensors").exists()
+    argv = ["--target", str(setup / "target"), "--output", str(setup / "leased"), "--prompts",
+            str(setup / "prompts.jsonl"), "--teacher-cache", str(setup / "teacher"), "--max-new-tokens", "24",
+            "--steps", "20", "--layers", "1", "--hidden", "32", "--vocab-top", str(HEAD), "--lr", "3e-3",
+            "--init", "random", "--eval-k", "2,4", "--teacher-batch", "64", "--resume", str(ckpt)]
+    assert distill_draft.main(argv) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["acceptance_test"]
+    whole = run(options(setup, "unleased", steps=20), log=lambda line: None)
+    a, b = (load_file(str(setup / name / "model.safetensors")) for name in ("leased", "unleased"))
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert json.loads((setup / "leased" / "distill_recipe.json").read_text())["losses"] == whole["losses"]
+
+
+def test_a_damaged_teacher_shard_is_refused_in_one_line(setup):
+    import shutil
+
+    cache = setup / "teacher-damaged"
+    shutil.copytree(setup / "teacher", cache)
+    shard = sorted((cache / "train").glob("teacher-*.safetensors"))[0]
+    assert all(f.stat().st_size <= 16 * 2**20 for f in cache.rglob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(UserError, match="teacher cache: .* cut short") as err:
+        run(options(setup, "damaged", steps=1, teacher_cache=str(cache)), log=lambda line: None)
+    assert "\n" not in str(err.value)
+
+
 def test_full_vocabulary_head_and_pca_init(setup):
     summary = run(options(setup, "full", vocab_top=0, init="target-pca", hidden=64, steps=5), log=lambda line: None)
     model = load_model(setup / "full")
@@ -213,6 +249,11 @@ def test_full_vocabulary_head_and_pca_init(setup):
     (["--prompts", "humaneval*0"], "'*'"),
     (["--device", "cuda:7"], "cuda"),
     (["--bogus"], "unrecognized"),
+    (["--val-fraction", "0"], "--val-fraction"),
+    (["--test-fraction", "0.5", "--val-fraction", "0.5"], "--test-fraction"),
+    (["--stop-after", "5"], "--checkpoint-dir"),
+    (["--checkpoint-every", "-1", "--checkpoint-dir", "c"], "--checkpoint-every"),
+    (["--resume", "/nonexistent/ckpt"], "no checkpoint.json"),
 ])
 def test_bad_flags_are_one_line_errors(setup, capsys, argv, needle):
     sys.path.insert(0, str(SCRIPT.parent))

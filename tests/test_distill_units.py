@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -57,11 +58,14 @@ def test_parse_sources_and_split_validation():
         with pytest.raises(UserError):
             data.parse_sources(bad)
     prompts = [data.Prompt(f"s/{i}", [1]) for i in range(40)]
-    train, held = data.split(prompts, 0.25)
-    assert len(train) + len(held) == 40 and 3 <= len(held) <= 20
-    assert data.split(prompts, 0.25) == (train, held)
-    with pytest.raises(UserError, match="heldout-fraction"):
-        data.split(prompts, 1.0)
+    train, val, test = data.split(prompts, 0.2, 0.25)
+    assert len(train) + len(val) + len(test) == 40 and 3 <= len(test) <= 20 and 2 <= len(val) <= 16
+    assert data.split(prompts, 0.2, 0.25) == (train, val, test)
+    for val_fraction, test_fraction in ((0.0, 0.25), (0.2, 1.0), (0.5, 0.5)):
+        with pytest.raises(UserError, match="--val-fraction and --test-fraction"):
+            data.split(prompts, val_fraction, test_fraction)
+    with pytest.raises(UserError, match="give more prompts"):
+        data.split(prompts[:2], 0.2, 0.25)
 
 
 def _cfg(layers, hidden, head_vocab, inter=None, heads=None, kv=None):
@@ -90,6 +94,26 @@ def test_a_prompt_file_named_like_a_builtin_set_gets_its_keys(tmp_path):
     (tmp_path / "humaneval.jsonl").write_text('{"task_id": "HumanEval/3", "prompt": "w5 w6"}\n')
     prompts = data.load_prompt_ids(str(tmp_path / "humaneval.jsonl"), build_tokenizer(), 1)
     assert prompts == [data.Prompt("humaneval/HumanEval/3", [6])]
+    (tmp_path / "sharegpt-code.jsonl").write_text('{"id": "abc_0", "prompt": "w5 w6"}\n')
+    (tmp_path / "sharegpt.jsonl").write_text('{"id": "abc_0", "prompt": "w5 w6"}\n')
+    prompts = data.load_prompt_ids(str(tmp_path / "sharegpt-code.jsonl"), build_tokenizer(), 1)
+    assert [p.key for p in prompts] == ["sharegpt/abc_0"]  # the subset keeps its parent's keys, hence split
+    with pytest.raises(UserError, match="same prompt twice"):
+        data.load_prompt_ids(f"{tmp_path}/sharegpt.jsonl,{tmp_path}/sharegpt-code.jsonl", build_tokenizer(), 1)
+
+
+def test_test_split_at_a_quarter_is_the_shipped_drafts_held_out_set():
+    """data/humaneval-heldout.jsonl (the 46 prompts the shipped draft never trained on) is exactly the test
+    split at --test-fraction 0.25, whatever --val-fraction; validation never takes one of them."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "humaneval-heldout.jsonl"
+    shipped = {json.loads(line)["id"] for line in path.read_text().splitlines()}
+    for val in (0.05, 0.1, 0.3):
+        parts = {i: data.split_of(f"humaneval/HumanEval/{i}", val, 0.25) for i in range(164)}
+        assert {f"HumanEval/{i}" for i, part in parts.items() if part == "test"} == shipped
+    smaller = {i for i in range(164) if data.split_of(f"humaneval/HumanEval/{i}", 0.1, 0.1) == "test"}
+    assert smaller and {f"HumanEval/{i}" for i in smaller} < shipped
 
 
 def test_token_rows_map_head_tokens_to_their_rows_and_others_to_the_nearest():

@@ -5,9 +5,11 @@ stages and what the recipe file records. Every stage is another module's: data.p
 target's continuations, cached), vocab.py, train.py, evaluate.py, export.py, sizing.py. The script
 `scripts/distill_draft.py` only parses flags into `DistillOptions` and prints the summary.
 
-Held-out prompts never reach training: neither their continuations nor their tokens' counts (the head
-vocabulary is chosen from training continuations only). Their continuations are always greedy, because
-the acceptance shortcut of evaluate.py is exact for greedy decoding.
+Validation and test prompts never reach training: neither their continuations nor their tokens' counts
+(the head vocabulary is chosen from training continuations only). Their continuations are always greedy,
+because the acceptance shortcut of evaluate.py is exact for greedy decoding. Validation is the end-of-run
+evaluation (what runs and flags are compared on: `acceptance_before` / `acceptance_after`); test is
+measured once at the end and only reported (`acceptance_test`): nothing here chooses by it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from safetensors import safe_open
 
 from dfvg.checkpoint import checkpoint_dir, config_from_dict, load_config, load_model, read_json, safetensors_files
 from dfvg.devices import resolve_device
-from dfvg.distill import data, evaluate, export, sizing, teacher, train, vocab
+from dfvg.distill import data, evaluate, export, resume, sizing, teacher, train, vocab
 from dfvg.errors import UserError
 from dfvg.sampling import SamplingParams
 from dfvg.stats import Metric
@@ -50,7 +52,8 @@ class DistillOptions:
     seed: int = 0
     device: str = "cpu"
     prompts: str = "humaneval"
-    heldout_fraction: float = 0.25
+    val_fraction: float = 0.1  # what runs are judged and chosen on
+    test_fraction: float = 0.25  # only reported; 0.25 = the first drafts' held-out set (data.split_of)
     max_prompt_tokens: int = 256
     max_new_tokens: int = 128
     teacher_top_k: int = 32
@@ -63,6 +66,11 @@ class DistillOptions:
     board: str = "u280"
     verify_ms: float | None = None
     teacher_cache: str = ""  # "" = <output>/teacher
+    checkpoint_dir: str = ""  # training checkpoints ("" = none, or --resume's folder when resuming)
+    checkpoint_every: int = 0
+    stop_after: int = 0  # steps this run may take, then checkpoint and stop (0 = all)
+    time_budget: float = 0.0  # seconds of training this run may take, then checkpoint and stop (0 = no limit)
+    resume: str = ""
 
     def check(self) -> None:
         if self.vocab_top < 0 or self.teacher_top_k < 1 or self.max_new_tokens < 2 or self.max_prompt_tokens < 1:
@@ -82,7 +90,13 @@ class DistillOptions:
             raise UserError(f"--sample-temperature must be > 0 (extra continuations are sampled), "
                             f"got {self.sample_temperature}")
         train.TrainParams(self.steps, self.batch_size, self.lr, seed=self.seed).check()
+        self.checkpointing().check()
         self.shape()
+
+    def checkpointing(self) -> resume.Checkpointing:
+        directory = self.checkpoint_dir or self.resume
+        return resume.Checkpointing(Path(directory) if directory else None, self.checkpoint_every, self.stop_after,
+                                    self.time_budget, Path(self.resume) if self.resume else None)
 
     def shape(self) -> export.DraftShape:
         embed_rows = self.embed == "head" and bool(self.vocab_top)  # a full-vocabulary head has all rows anyway
@@ -108,7 +122,7 @@ def teacher_sequences(opts: DistillOptions, prompts: list[data.Prompt], temperat
                                      set(eos_token_ids(opts.target)), opts.teacher_top_k,
                                      SamplingParams(temperature), opts.seed, opts.teacher_batch, log)
     data.save_teacher(directory, sequences, recipe)
-    return sequences
+    return data.load_teacher(directory, recipe)  # as stored (fp16 probabilities): the same data on every resume
 
 
 def check_fits_target(opts: DistillOptions, target_cfg) -> None:
@@ -171,42 +185,61 @@ def sizing_report(cfg, opts: DistillOptions, log) -> dict:
     return out
 
 
+def teacher_data(opts: DistillOptions, train_prompts: list[data.Prompt], val_prompts: list[data.Prompt],
+                 test_prompts: list[data.Prompt], log) -> tuple[list, list, list]:
+    """(train, validation, test) continuations; validation and test are greedy (evaluate.py is exact then)."""
+    loaded: dict = {}
+    train_seqs = teacher_sequences(opts, train_prompts, opts.teacher_temperature, "train", loaded, log)
+    extra = [p for p in train_prompts for _ in range(p.samples - 1)]
+    if extra:  # duplicates sit in one batch with their own uniforms, so each is a different sample
+        train_seqs += teacher_sequences(opts, extra, opts.sample_temperature, "train-samples", loaded, log)
+    val_seqs = teacher_sequences(opts, val_prompts, 0.0, "validation", loaded, log)
+    test_seqs = teacher_sequences(opts, test_prompts, 0.0, "test", loaded, log)
+    loaded.clear()
+    gc.collect()
+    return train_seqs, val_seqs, test_seqs
+
+
+def acceptance(model, seqs: list[teacher.TeacherSequence], opts: DistillOptions) -> dict[int, dict]:
+    """The draft's greedy acceptance table over `seqs` at every --eval-k (evaluate.py's exact shortcut)."""
+    return evaluate.acceptance_table(evaluate.greedy_matches(model, seqs), list(opts.eval_ks), opts.max_new_tokens)
+
+
 def run(opts: DistillOptions, log=print) -> dict:
-    """Run every stage; write the draft to opts.output; return the summary (also in distill_recipe.json)."""
+    """Run every stage; write the draft to opts.output; return the summary (also in distill_recipe.json).
+
+    A run stopped early by --stop-after / --time-budget returns {"finished": False, ...} after writing its
+    training checkpoint, and exports nothing: the run that reaches --steps evaluates and exports."""
     opts.check()
     target_dir = checkpoint_dir(opts.target)
     device = resolve_device(opts.device)
     target_raw = read_json(target_dir / "config.json", "config.json")
     check_fits_target(opts, load_config(target_dir))
     prompts = data.load_prompt_ids(opts.prompts, load_tokenizer(target_dir), opts.max_prompt_tokens)
-    train_prompts, held_prompts = data.split(prompts, opts.heldout_fraction)
-    log(f"data: {len(train_prompts)} train / {len(held_prompts)} held-out prompts, "
+    train_prompts, val_prompts, test_prompts = data.split(prompts, opts.val_fraction, opts.test_fraction)
+    log(f"data: {len(train_prompts)} train / {len(val_prompts)} validation / {len(test_prompts)} test prompts, "
         f"{sum(p.samples for p in train_prompts)} training continuations")
-    loaded: dict = {}
-    train_seqs = teacher_sequences(opts, train_prompts, opts.teacher_temperature, "train", loaded, log)
-    extra = [p for p in train_prompts for _ in range(p.samples - 1)]
-    if extra:  # duplicates sit in one batch with their own uniforms, so each is a different sample
-        train_seqs += teacher_sequences(opts, extra, opts.sample_temperature, "train-samples", loaded, log)
-    held_seqs = teacher_sequences(opts, held_prompts, 0.0, "heldout", loaded, log)
-    loaded.clear()
-    gc.collect()
+    train_seqs, val_seqs, test_seqs = teacher_data(opts, train_prompts, val_prompts, test_prompts, log)
     model, hf_config, head_ids, counts, shape = build(opts, train_seqs, target_raw)
     in_head = vocab.in_head_mask(head_ids, model.config.vocab_size, device)
     model.to(device)
-    before = evaluate.acceptance_table(evaluate.greedy_matches(model, held_seqs), list(opts.eval_ks),
-                                       opts.max_new_tokens)
+    before = acceptance(model, val_seqs, opts)
     params = train.TrainParams(opts.steps, opts.batch_size, opts.lr, warmup=max(1, opts.steps // 20), seed=opts.seed)
-    losses = train.train(model, train_seqs, params, in_head, device, log)
-    after = evaluate.acceptance_table(evaluate.greedy_matches(model, held_seqs), list(opts.eval_ks),
-                                      opts.max_new_tokens)
+    state = train.train(model, train_seqs, params, in_head, device, log, ckpt=opts.checkpointing())
+    splits = {"train_prompts": [p.key for p in train_prompts], "validation_prompts": [p.key for p in val_prompts],
+              "test_prompts": [p.key for p in test_prompts]}
+    if state.step < opts.steps:
+        log(f"stopped at step {state.step}/{opts.steps}: continue with --resume {opts.checkpointing().directory}")
+        return {"finished": False, "step": state.step, "checkpoint": str(opts.checkpointing().directory),
+                "losses": state.losses, **splits}
+    after, test = acceptance(model, val_seqs, opts), acceptance(model, test_seqs, opts)
     for k in opts.eval_ks:
-        log(f"eval (measured, held-out, greedy, teacher-forced exact): k={k} acceptance "
+        log(f"eval (measured, greedy, teacher-forced exact): k={k} validation acceptance "
             f"{before[k]['acceptance_rate']:.3f} -> {after[k]['acceptance_rate']:.3f}, tau "
-            f"{after[k]['mean_accepted_length']:.2f}")
-    summary = {"options": asdict(opts), "shape": export.shape_dict(shape),
-               "train_prompts": [p.key for p in train_prompts],
-               "heldout_prompts": [p.key for p in held_prompts], "losses": losses,
-               "acceptance_before": before, "acceptance_after": after,
+            f"{after[k]['mean_accepted_length']:.2f}; test (reported only) {test[k]['acceptance_rate']:.3f}")
+    summary = {"finished": True, "options": asdict(opts), "shape": export.shape_dict(shape), **splits,
+               "losses": state.losses, "acceptance_before": before, "acceptance_after": after,
+               "acceptance_test": test,
                "head_coverage_of_train_tokens": vocab.coverage(counts, head_ids) if head_ids is not None else 1.0,
                "sizing": sizing_report(model.config, opts, log)}
     output = Path(opts.output)

@@ -2,7 +2,8 @@
 
 What this module owns: building and initialising the draft (`build_draft`, optional PCA projection of the
 target's embedding and head), the loss (`distill_loss`), teacher-forced batches, and the seeded training
-loop. What it does not own: the data (data.py, teacher.py), the checkpoint folder (export.py).
+loop, which can stop early and resume (the checkpoint itself is resume.py's). What it does not own: the
+data (data.py, teacher.py), the exported draft folder (export.py).
 
 Why this loss: speculative decoding accepts a draft token with probability sum_x min(p(x), q(x)), which
 grows as q approaches p; forward KL(p || q) on the target's own continuations (DistillSpec's on-policy
@@ -19,12 +20,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
 
 from dfvg.devices import tf32_matmuls
+from dfvg.distill import resume
 from dfvg.distill.teacher import TeacherSequence
 from dfvg.errors import UserError
 from dfvg.model import ModelConfig, Transformer
@@ -142,9 +144,13 @@ def lr_at(step: int, params: TrainParams) -> float:
 
 
 def train(model: Transformer, data: list[TeacherSequence], params: TrainParams, in_head: Tensor,
-          device: torch.device, log=print, log_every: int = 10) -> list[float]:
-    """Seeded AdamW over shuffled epochs of `data`; returns the loss of every step."""
+          device: torch.device, log=print, log_every: int = 10,
+          ckpt: resume.Checkpointing | None = None) -> resume.TrainState:
+    """Seeded AdamW over shuffled epochs of `data`, from `ckpt.resume` when given; returns the state
+    (the loss of every step so far; `step < params.steps` when this run stopped early to be resumed)."""
     params.check()
+    ckpt = ckpt or resume.Checkpointing()
+    ckpt.check()
     if not data:
         raise UserError("no training sequences (every prompt was held out?)")
     generator = torch.Generator().manual_seed(params.seed)
@@ -153,19 +159,40 @@ def train(model: Transformer, data: list[TeacherSequence], params: TrainParams, 
     other = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": params.weight_decay},
                                    {"params": other, "weight_decay": 0.0}], lr=params.lr, betas=(0.9, 0.95))
+    run = resume.fingerprint(asdict(params), data, model)
+    state = resume.TrainState()
+    if ckpt.resume is not None:
+        state = resume.load(ckpt.resume, model, optimizer, generator, run)
+        log(f"train: resumed at step {state.step}/{params.steps} from {ckpt.resume}")
     with tf32_matmuls(True):  # speed; scoped, so float32 decoding after training stays exact
-        losses = _steps(model, data, params, in_head, device, optimizer, generator, log, log_every)
+        _steps(model, data, params, in_head, device, optimizer, generator, state, ckpt, run, log, log_every)
+    if ckpt.directory is not None:
+        resume.save(ckpt, model, optimizer, generator, state, run)
+        log(f"train: checkpoint at step {state.step}/{params.steps} in {ckpt.directory}")
     model.eval().requires_grad_(False)
-    return losses
+    return state
+
+
+def _out_of_time(ckpt: resume.Checkpointing, state: resume.TrainState, first: int, started: float,
+                 slowest: float) -> bool:
+    """This run's limits: --stop-after steps, or a --time-budget the next step could overrun (judged by
+    the slowest step so far; every run takes at least one step, so a chain of leases always advances)."""
+    taken = state.step - first
+    if ckpt.stop_after and taken >= ckpt.stop_after:
+        return True
+    return bool(ckpt.time_budget_s) and taken > 0 and time.perf_counter() - started + slowest > ckpt.time_budget_s
 
 
 def _steps(model: Transformer, data: list[TeacherSequence], params: TrainParams, in_head: Tensor,
-           device: torch.device, optimizer, generator: torch.Generator, log, log_every: int) -> list[float]:
-    order, losses, start = [], [], time.perf_counter()
-    for step in range(params.steps):
-        if len(order) < params.batch_size:
-            order += torch.randperm(len(data), generator=generator).tolist()
-        batch, order = [data[i] for i in order[: params.batch_size]], order[params.batch_size :]
+           device: torch.device, optimizer, generator: torch.Generator, state: resume.TrainState,
+           ckpt: resume.Checkpointing, run: dict, log, log_every: int) -> None:
+    """Steps from state.step up to params.steps or this run's limit, updating `state` in place."""
+    first, start, slowest = state.step, time.perf_counter(), 0.0
+    while state.step < params.steps and not _out_of_time(ckpt, state, first, start, slowest):
+        began, step = time.perf_counter(), state.step
+        if len(state.order) < params.batch_size:
+            state.order += torch.randperm(len(data), generator=generator).tolist()
+        batch, state.order = [data[i] for i in state.order[: params.batch_size]], state.order[params.batch_size :]
         ids, positions, mask, topk_ids, topk_probs = make_batch(batch, device)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, params)
@@ -174,7 +201,11 @@ def _steps(model: Transformer, data: list[TeacherSequence], params: TrainParams,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), params.grad_clip)
         optimizer.step()
-        losses.append(loss.item())
-        if step % log_every == 0 or step == params.steps - 1:
-            log(f"train: step {step + 1}/{params.steps} loss {losses[-1]:.4f} ({time.perf_counter() - start:.1f} s)")
-    return losses
+        state.losses.append(loss.item())
+        state.step += 1
+        slowest = max(slowest, time.perf_counter() - began)
+        if step % log_every == 0 or state.step == params.steps:
+            log(f"train: step {state.step}/{params.steps} loss {state.losses[-1]:.4f} "
+                f"({time.perf_counter() - start:.1f} s)")
+        if ckpt.directory is not None and ckpt.every and state.step % ckpt.every == 0 and state.step < params.steps:
+            resume.save(ckpt, model, optimizer, generator, state, run)
