@@ -18,6 +18,7 @@ from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
 from dfvg.generate import generate
 from dfvg.gpu.graphs import GraphDrafter, GraphVerifier, draft_graph, token_graph
+from dfvg.gpu.tree_device import tree_room
 from dfvg.verifier import TorchVerifier
 
 
@@ -26,8 +27,11 @@ def ks(args) -> list[int]:
 
 
 def cache_len(models, args) -> int:
+    """Cache slots every DFVG row fits in (trees need their candidates' slots too), so no prompt reallocates
+    a cache and recaptures graphs inside its timing."""
     longest = max(len(p["ids"]) for p in models["prompts"])
-    return longest + args.max_new_tokens + max(ks(args)) + 16
+    trees = max((tree_room(spec, 4) for spec in getattr(args, "trees", [])), default=0)
+    return longest + args.max_new_tokens + max(ks(args)) + 16 + trees
 
 
 def graph_pair(args, models, kernels: str = "fused", draft: str = "draft") -> tuple[GraphVerifier, GraphDrafter | None]:
@@ -52,11 +56,12 @@ def engine_for(verifier) -> Engine:
     return ENGINES.setdefault(id(verifier), Engine(verifier))
 
 
-def dfvg_runner(verifier, drafter, k: int, n: int, loop: str = "fast"):
-    """The product's path: `Engine.decode` (the device step for a graph pair); "host": the host step."""
+def dfvg_runner(verifier, drafter, k: int, n: int, loop: str = "fast", tree=None):
+    """The product's path: `Engine.decode` (the device step for a graph pair, the device tree step with
+    `tree`); "host": the host step."""
     if loop == "fast":
         engine = engine_for(verifier)
-        return lambda ids: _out(engine.decode(drafter, ids, n, k=k))
+        return lambda ids: _out(engine.decode(drafter, ids, n, k=k, tree=tree))
     return lambda ids: _out(generate(verifier, ids, n, drafter=drafter, draft_length=k))
 
 
@@ -128,6 +133,7 @@ def phase_dfvg(args, models) -> dict:
                                                  dfvg_runner(verifier, drafter, k, n), dev)
         runs["dfvg_loop_k4"] = timed_runs("dfvg generic loop k=4", prompts,
                                           dfvg_runner(verifier, drafter, 4, n, "loop"), dev)
+        runs.update(tree_runs(args, prompts, verifier, drafter, "dfvg_tree"))
         if dev.startswith("cuda"):  # CUDA events
             runs["step_times"] = step_times(verifier, drafter, ks(args))
             print(f"  step times {runs['step_times']}", flush=True)
@@ -136,6 +142,7 @@ def phase_dfvg(args, models) -> dict:
         for k in ks(args):
             runs[f"dfvg_distilled_k{k}"] = timed_runs(f"dfvg spec distilled-draft k={k}", prompts,
                                                       dfvg_runner(verifier, small, k, n), dev)
+        runs.update(tree_runs(args, prompts, verifier, small, "dfvg_distilled_tree"))
         if dev.startswith("cuda"):
             runs["step_times_distilled"] = step_times(verifier, small, ks(args))
     for other in (kind for kind in KERNELS if kind != args.kernels):
@@ -145,6 +152,16 @@ def phase_dfvg(args, models) -> dict:
     eager = TorchVerifier(models["target"])
     runs["dfvg_plain_eager"] = timed_runs("dfvg plain (eager, 3 prompts)", prompts[:3],
                                           lambda ids: _out(generate(eager, ids, n)), dev)
+    return runs
+
+
+def tree_runs(args, prompts: list[dict], verifier, drafter, prefix: str) -> dict:
+    """Each `--trees` shape at k = 4 through `Engine.decode(tree=...)`: the device tree step, greedy."""
+    runs = {}
+    for spec in args.trees:
+        name = f"{prefix}_{spec.label().replace(',', '-').replace(':', '')}"
+        runs[name] = timed_runs(f"dfvg tree {spec.label()} ({prefix})", prompts,
+                                dfvg_runner(verifier, drafter, 4, args.max_new_tokens, tree=spec), args.device)
     return runs
 
 

@@ -149,6 +149,9 @@ def floor_and_identity(runs: dict, meta: dict) -> dict:
     if plain and spec and len(spec["tokens"]) == len(plain["tokens"]):
         out["spec_identical_to_plain"] = sum(a == b for a, b in zip(spec["tokens"], plain["tokens"], strict=True))
         out["prompts_compared"], out["spec_compared"] = len(plain["tokens"]), best_spec
+    trees = {n: r for n, r in runs.items() if "_tree_" in n and plain and len(r["tokens"]) == len(plain["tokens"])}
+    out["tree_identical_to_plain"] = {n: sum(a == b for a, b in zip(r["tokens"], plain["tokens"], strict=True))
+                                      for n, r in trees.items()}
     return out
 
 

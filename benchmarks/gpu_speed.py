@@ -38,8 +38,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import llama_cpp_peer  # noqa: E402
 from benchmarks.gpu_report import report  # noqa: E402
 from dfvg.checkpoint import config_from_dict, convert_state_dict  # noqa: E402
+from dfvg.errors import UserError  # noqa: E402
 from dfvg.gpu.fused import tuned_rows  # noqa: E402
 from dfvg.model import Transformer  # noqa: E402
+from dfvg.tree import TreeSpec, parse_tree_spec  # noqa: E402
 
 TARGET_GGUF, DRAFT_GGUF = "qwen2.5-coder-1.5b-instruct.gguf", "qwen2.5-coder-0.5b-instruct.gguf"
 SHIPPED_DRAFT = ROOT / "drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768"
@@ -56,6 +58,14 @@ def draft_lengths(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: draft lengths must be integers >= 1, e.g. 2,4,6,8")
     return values
+
+
+def tree_specs(text: str) -> list[TreeSpec]:
+    """'2,2,1,1 dynamic:16' -> tree shapes (space-separated); a bad one is refused in one line by argparse."""
+    try:
+        return [parse_tree_spec(part) for part in text.split()]
+    except UserError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -79,6 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-draft", action="store_true",
                    help="no 0.5B draft (its GGUF is not on the machine): target, distilled and FPGA rows only")
     p.add_argument("--fpga-ks", default="4,8", type=draft_lengths, help="draft lengths of the FPGA-emulated phase")
+    p.add_argument("--trees", default="2,2,1,1 4,2,1,1 dynamic:16", type=tree_specs,
+                   help="token-tree shapes the dfvg phase times at k = 4 with each GPU draft ('' = none)")
     p.add_argument("--write-prompts", default=None)
     llama_cpp_peer.add_arguments(p)
     return p.parse_args(argv)

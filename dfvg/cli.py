@@ -151,7 +151,8 @@ def run_generate(args: argparse.Namespace) -> dict:
     if args.prompt is None:
         prompt_ids = parse_prompt_ids(args.prompt_ids, engine.verifier.vocab_size)
     k = 0 if drafter is None else args.draft_length
-    warmup_s = engine.warm_up([drafter], prompt_ids, [k], args.max_new_tokens) if engine.captures else 0.0
+    warmup_s = engine.warm_up([drafter], prompt_ids, [k], args.max_new_tokens, tree=tree) if engine.captures \
+        else 0.0
     result = engine.decode(drafter, prompt_ids, args.max_new_tokens, k=k, eos_ids=eos_token_ids(args.target),
                            sampling=sampling, seed=args.seed, tree=tree)
     result.warmup_s = warmup_s
@@ -187,7 +188,7 @@ def load_engine(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     from dfvg.engine import Engine, load_verifier, make_drafter
     from dfvg.tokenizer import check_compatible, load_tokenizer
 
-    fast = not args.eager and args.tree is None  # a tree verifies on the eager model (no graph tree verify yet)
+    fast = not args.eager
     policy = fault_policy(args)
     verifier = load_verifier(args.target, device, dtype, fast, tensor_parallel)
     if args.no_draft:

@@ -39,6 +39,7 @@ from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
 from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
+from dfvg.gpu.tree_device import DeviceTreeStep, fits_device_tree, tree_room
 from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.batch import run_batch
 from dfvg.host.pipeline import run_pipeline
@@ -48,7 +49,7 @@ from dfvg.parallel.group import TensorParallel, current
 from dfvg.parallel.verifier import TensorParallelVerifier
 from dfvg.sampling import SamplingParams
 from dfvg.tree import TreeSpec
-from dfvg.tree_step import tree_step
+from dfvg.tree_step import TreeStep, tree_step
 from dfvg.verifier import TorchVerifier, Verifier
 
 DEFAULT_CACHE_LEN = 1024  # graph caches hold at least this many positions, so graphs survive across prompts
@@ -94,7 +95,7 @@ class Engine:
 
     def __init__(self, verifier: Verifier, faults: FaultPolicy | None = None, fallbacks: Sequence[Drafter] = ()):
         self.verifier = verifier
-        self.device_steps: dict[tuple, DeviceStep] = {}  # (drafter id, k) -> its captured step
+        self.device_steps: dict[tuple, DeviceStep | DeviceTreeStep] = {}  # (drafter id, k[, tree]) -> its step
         self.device_rows: dict[tuple, DeviceRows] = {}  # (drafter id, k, rows) -> a batch's captured step
         self.drafters: list[Drafter] = list(fallbacks)  # every drafter decoded with, to size their caches too
         self.faults, self.fallbacks = faults or FaultPolicy(), list(fallbacks)
@@ -161,7 +162,7 @@ class Engine:
             step = HostStep(self.verifier, shared, sampling, torch.Generator().manual_seed(seed), timeline)
             return decode(step, prompt_ids, max_new_tokens, k=k, eos_ids=eos_ids, context_limit=self.context_limit)
         if drafter is not None and tree is not None:  # a tree drafts on the torch drafter itself (no fallback yet)
-            step = tree_step(self.verifier, drafter, tree, sampling, seed, k)
+            step = self._tree_step(drafter, tree, sampling, seed, k, len(prompt_ids))
             return decode(step, prompt_ids, max_new_tokens, k=step.depth, eos_ids=eos_ids,
                           context_limit=self.context_limit)
         guard = self.guard(drafter) if drafter is not None else None
@@ -210,6 +211,16 @@ class Engine:
             self.device_rows[key] = DeviceRows(self.verifier, drafter, k, rows)
         return self.device_rows[key]
 
+    def _tree_step(self, drafter: Drafter, tree: TreeSpec, sampling: SamplingParams, seed: int, k: int,
+                   prompt_len: int) -> DeviceTreeStep | TreeStep:
+        """Greedy trees on graph models replay one captured step (kept, like the chain's); others run eagerly."""
+        if not fits_device_tree(self.verifier, drafter, tree, sampling.greedy, prompt_len, k):
+            return tree_step(self.verifier, drafter, tree, sampling, seed, k)
+        key = ("tree", id(drafter), tree, k)
+        if key not in self.device_steps:
+            self.device_steps[key] = DeviceTreeStep(self.verifier, drafter, tree, k)
+        return self.device_steps[key]
+
     def _remember(self, drafter: Drafter | None) -> None:
         if drafter is not None and all(d is not drafter for d in self.drafters):
             self.drafters.append(drafter)
@@ -222,7 +233,7 @@ class Engine:
         return self.device_steps[key]
 
     def warm_up(self, drafters: list[Drafter | None], prompt_ids: list[int], k_values: list[int],
-                max_new_tokens: int, batch: int = 1) -> float:
+                max_new_tokens: int, batch: int = 1, tree: TreeSpec | None = None) -> float:
         """Capture and compile every graph the run will replay, on the run's own shapes; returns seconds.
 
         A short generation per drafter and draft length captures the prefill chunk, the device step and
@@ -230,13 +241,16 @@ class Engine:
         step can send (the last steps of a generation draft fewer than k)."""
         for drafter in drafters:
             self._remember(drafter)
-        self.reserve(max_seq_len(len(prompt_ids), max_new_tokens, max(k_values, default=0)), batch)
+        k_max = max(k_values, default=0)
+        room = tree_room(tree, k_max) if tree is not None else 0
+        self.reserve(max_seq_len(len(prompt_ids), max_new_tokens, k_max) + room, batch)
         start = time.perf_counter()
         warm_prompt = prompt_ids[: max(2, min(len(prompt_ids), 24))]
         with self.warming():
             for drafter in drafters:
                 for k in k_values if drafter is not None else [0]:
-                    self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2), k=k)
+                    self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2), k=k,
+                                tree=tree if drafter is not None else None)
         if isinstance(self.verifier, GraphVerifier):
             self.verifier.prepare(max(k_values, default=0) + 1)
         for drafter in self.drafters:

@@ -137,22 +137,6 @@ def test_greedy_tree_decoding_is_lossless(arch_pair, spec):
         assert own.stats()["mean_accepted_length"] > (3 if spec != "3,1,2" else 2.5)
 
 
-def test_graph_models_run_trees_on_their_eager_forward(arch_pair):
-    """An engine on graph models (CUDA's default; plain replays on a CPU) runs a tree on the same models'
-    eager forward, losslessly, and a chain afterwards still takes the captured device step."""
-    from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
-
-    target_dir, draft_dir = arch_pair
-    target = load_model(target_dir)
-    engine = Engine(GraphVerifier(target, compile_blocks=False, cache_len=96))
-    drafter = GraphDrafter(load_model(draft_dir), engine.verifier.vocab_size, compile_blocks=False, cache_len=96)
-    prompt = PROMPTS[1]
-    expected = generate(TorchVerifier(target), prompt, 23).tokens
-    assert engine.decode(drafter, prompt, 23, k=4, tree=parse_tree_spec("2,2,1")).tokens == expected
-    assert engine.decode(drafter, prompt, 23, k=4).tokens == expected
-    assert list(engine.device_steps) == [(id(drafter), 4)]
-
-
 def test_target_cache_after_a_tree_run_equals_plain_decoding(arch_pair):
     """Compaction: the accepted paths' K/V sit at their sequential slots, as plain decoding wrote them."""
     target_dir, draft_dir = arch_pair

@@ -38,15 +38,28 @@ if HAVE_TRITON:
             return tl.dot(a.to(tl.float32), b.to(tl.float32))
         return tl.dot(a, b)
 
+    @triton.jit
+    def _source_slots(s, t, pos, root_ptr, anc_ptr, TREE: tl.constexpr, DEPTH: tl.constexpr):
+        """Cache slot that holds sequence position s for token t: s itself on a chain; in a tree, positions past
+        the root are token t's ancestors at their depths (anc [T, DEPTH] slots, self last)."""
+        if TREE:
+            root = tl.load(root_ptr)
+            beyond = (s > root) & (s <= pos)
+            return tl.where(beyond, tl.load(anc_ptr + t * DEPTH + (s - root - 1), mask=beyond, other=0), s)
+        return s
+
     @triton.jit(do_not_specialize=["rows"])
-    def _attention_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, rows, scale,
-                                HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr, F32: tl.constexpr,
-                                BM: tl.constexpr, BS: tl.constexpr):
+    def _attention_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, root_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, rows,
+                                scale, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
+                                F32: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, TREE: tl.constexpr,
+                                DEPTH: tl.constexpr):
         """Program (kv head, split, token t): the GROUP query heads of token t (tile rows 0..GROUP-1, padded
-        to BM) against cache slots split*BS.. of those <= pos[t]; writes their partial softmax states.
+        to BM) against sequence positions split*BS.. of those <= pos[t]; writes their partial softmax states.
 
         Split over slots (flash decoding) because one program per head walks ~400 slots in sequence; here
-        each program reads one tile of K and V, and `_attention_combine_kernel` merges the splits."""
+        each program reads one tile of K and V, and `_attention_combine_kernel` merges the splits. With TREE,
+        positions past the root read the slots of token t's ancestors (`_source_slots`): a tree node then
+        computes exactly what the same token computes on a chain, where its ancestors sit at those positions."""
         GROUP: tl.constexpr = HEADS // KV_HEADS
         kv = tl.program_id(0)
         split = tl.program_id(1)
@@ -60,7 +73,8 @@ if HAVE_TRITON:
             q = tl.load(q_ptr + t * (HEADS * HD) + head[:, None] * HD + d[None, :], mask=live[:, None], other=0.0)
             pos = tl.load(pos_ptr + t)
             s = split * BS + tl.arange(0, BS)
-            offs = s[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
+            src = _source_slots(s, t, pos, root_ptr, anc_ptr, TREE, DEPTH)
+            offs = src[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
             keys = tl.load(kc_ptr + offs, mask=(s < end)[:, None], other=0.0)
             values = tl.load(vc_ptr + offs, mask=(s < end)[:, None], other=0.0)
             scores = _dot(q, tl.trans(keys), F32) * scale  # [BM, BS] float32
@@ -112,20 +126,25 @@ ATTENTION_SPLIT = 64  # cache slots per attention program
 TILE = 16  # query rows of one attention tile: one token's GQA heads, padded (the smallest MMA height)
 
 
-def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple) -> Tensor:
+def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
+              tree: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """q [T, H*hd] (rotated) over cache kc/vc [S, KV, hd] at slots <= pos[t] -> [T, H*hd] bf16.
 
-    Two launches: per (kv head, 64-slot split, token) partial softmax, then the merge per (head, token,
-    32 columns)."""
+    tree = (root [1], anc [T, D]) for token-tree rows (`dfvg.gpu.tree_device`): positions past root[0] read
+    the slots anc[t, position - root - 1]. The last row must have the highest position. Two launches: per
+    (kv head, 64-slot split, token) partial softmax, then the merge per (head, token, 32 columns)."""
     heads, kv_heads, hd, _, _ = dims
     rows = q.shape[0]
     splits = triton.cdiv(kc.shape[0], ATTENTION_SPLIT)
     m = torch.empty(splits, kv_heads, rows, TILE, dtype=torch.float32, device=q.device)
     l_sum = torch.empty_like(m)
     acc = torch.empty(splits, kv_heads, rows, TILE, hd, dtype=torch.float32, device=q.device)
-    _attention_split_kernel[(kv_heads, splits, rows)](q, kc, vc, pos, m, l_sum, acc, rows, 1.0 / math.sqrt(hd),
-                                                           HEADS=heads, KV_HEADS=kv_heads, HD=hd, F32=INTERPRETED,
-                                                           BM=TILE, BS=ATTENTION_SPLIT, num_warps=4)
+    root, anc = tree if tree is not None else (pos, pos)
+    _attention_split_kernel[(kv_heads, splits, rows)](q, kc, vc, pos, root, anc, m, l_sum, acc, rows,
+                                                      1.0 / math.sqrt(hd), HEADS=heads, KV_HEADS=kv_heads, HD=hd,
+                                                      F32=INTERPRETED, BM=TILE, BS=ATTENTION_SPLIT,
+                                                      TREE=tree is not None, DEPTH=anc.shape[-1] if tree else 1,
+                                                      num_warps=4)
     out = torch.empty_like(q)
     block_d = min(hd, 32)
     _attention_combine_kernel[(heads, rows, hd // block_d)](pos, m, l_sum, acc, out, rows, HEADS=heads,

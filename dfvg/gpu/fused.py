@@ -44,6 +44,7 @@ from torch import Tensor
 
 from dfvg.gpu.decode_attention import INTERPRETED, attention
 from dfvg.gpu.kernels import HAVE_TRITON
+from dfvg.gpu.tree_rows import TreeRows
 
 TILE_ROWS = 16  # rows of one tensor-core tile (the smallest MMA height)
 MAX_ROWS = 64  # new tokens per launch: 4 row tiles
@@ -167,12 +168,13 @@ if HAVE_TRITON:
         tl.store(out_ptr + where, acc.to(out_ptr.dtype.element_ty), mask=valid)
 
     @triton.jit(do_not_specialize=["rows"])
-    def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, part_ptr,
-                         count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-                         HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr,
-                         BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr):
+    def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
+                         part_ptr, count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr,
+                         KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
+                         BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
-        (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at pos."""
+        (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
+        position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
         HALF: tl.constexpr = HD // 2
         chunks: tl.constexpr = HALF // BN
         block, split, rt, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
@@ -205,14 +207,15 @@ if HAVE_TRITON:
             y_lo = x_lo
             y_hi = x_hi
         mask = live[:, None] & (lo[None, :] < HALF) & last
+        slot = tl.load(slot_ptr + t, mask=live, other=0)
         if head < HEADS:
             at = t[:, None] * (HEADS * HD) + head * HD + lo[None, :]
             dest = q_ptr
         elif head < HEADS + KV_HEADS:
-            at = pos[:, None] * (KV_HEADS * HD) + (head - HEADS) * HD + lo[None, :]
+            at = slot[:, None] * (KV_HEADS * HD) + (head - HEADS) * HD + lo[None, :]
             dest = kc_ptr
         else:
-            at = pos[:, None] * (KV_HEADS * HD) + (head - HEADS - KV_HEADS) * HD + lo[None, :]
+            at = slot[:, None] * (KV_HEADS * HD) + (head - HEADS - KV_HEADS) * HD + lo[None, :]
             dest = vc_ptr
         tl.store(dest + at, y_lo.to(tl.bfloat16), mask=mask)
         tl.store(dest + at + HALF, y_hi.to(tl.bfloat16), mask=mask)
@@ -300,8 +303,9 @@ def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias:
 
 def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: Tensor, cos: Tensor,
              sin: Tensor, kc: Tensor, vc: Tensor, dims: tuple, config: dict | None = None,
-             counters: Tensor | None = None) -> Tensor:
-    """RMSNorm + QKV projection + RoPE; writes k/v into kc/vc [S, KV, hd] at pos; returns q [T, H*hd]."""
+             counters: Tensor | None = None, slots: Tensor | None = None) -> Tensor:
+    """RMSNorm + QKV projection + RoPE at pos; writes k/v into kc/vc [S, KV, hd] at slots (default: pos);
+    returns q [T, H*hd]."""
     heads, kv_heads, hd, _, eps = dims
     rows, k = x.shape
     cfg = {**linear_config(weight.shape[0], k), **(config or {})}
@@ -310,7 +314,8 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
     k_len, parts, counters = _split_buffers(cfg, blocks, rows, k, x.device, counters)
     q = torch.empty(rows, heads * hd, dtype=x.dtype, device=x.device)
     _qkv_rope_kernel[(blocks * cfg["SPLIT_K"] * triton.cdiv(rows, TILE_ROWS),)](
-        x, norm, weight, bias if bias is not None else weight, pos, cos, sin, q, kc, vc, parts, counters, rows, k,
+        x, norm, weight, bias if bias is not None else weight, pos, pos if slots is None else slots, cos, sin, q,
+        kc, vc, parts, counters, rows, k,
         k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None, F32=INTERPRETED,
         BT=TILE_ROWS, BN=cfg["BN"], BK=cfg["BK"], SPLIT_K=cfg["SPLIT_K"], num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
@@ -326,15 +331,17 @@ def new_counters(device) -> Tensor:
 
 
 def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, vc: Tensor, w: tuple,
-                  dims: tuple, counters: Tensor | None = None) -> Tensor:
+                  dims: tuple, counters: Tensor | None = None, tree: TreeRows | None = None) -> Tensor:
     """One decoder layer on x [T, D] (bf16) at positions pos [T]: the launches of the module docstring.
 
-    w as `dfvg.gpu.block.layer_weights` (q/k norm must be None); kc/vc [S, KV, hd]; cos/sin [S, hd] fp32."""
+    w as `dfvg.gpu.block.layer_weights` (q/k norm must be None); kc/vc [S, KV, hd]; cos/sin [S, hd] fp32;
+    tree: the rows are token-tree nodes (their own cache slots, attention over their ancestors)."""
     attn_norm, wqkv, wqkv_b, wo, wo_b, _q_norm, _k_norm, ffn_norm, w13, w2 = w
     eps = dims[4]
     counters = counters if counters is not None else new_counters(x.device)
-    q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims, counters=counters)
-    x = fused_linear(attention(q, kc, vc, pos, dims), wo, bias=wo_b, residual=x, counters=counters)
+    slots, links = (tree.slots, (tree.root, tree.ancestors)) if tree is not None else (None, None)
+    q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims, counters=counters, slots=slots)
+    x = fused_linear(attention(q, kc, vc, pos, dims, links), wo, bias=wo_b, residual=x, counters=counters)
     h = fused_linear(x, w13, norm=ffn_norm, swiglu=True, eps=eps, counters=counters)
     return fused_linear(h, w2, residual=x, counters=counters)
 

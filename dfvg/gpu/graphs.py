@@ -23,6 +23,7 @@ from dfvg.drafter import DraftBlock, TorchDrafter
 from dfvg.gpu import fused
 from dfvg.gpu.block import block_forward, layer_weights, raise_recompile_limit
 from dfvg.gpu.kernels import MAX_ROWS, greedy_accept
+from dfvg.gpu.tree_rows import TreeRows
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import verify_on_host
@@ -68,11 +69,12 @@ class GraphModel:
     def scratch_pos(self) -> int:
         return self.cache_len - SCRATCH
 
-    def forward(self, ids: Tensor, pos: Tensor, last_only: bool = False) -> Tensor:
-        """ids [1, T] long, pos [T] long -> float32 logits [T, V] ([1, V] with last_only). No host sync."""
+    def forward(self, ids: Tensor, pos: Tensor, last_only: bool = False, tree: TreeRows | None = None) -> Tensor:
+        """ids [1, T] long, pos [T] long -> float32 logits [T, V] ([1, V] with last_only). No host sync.
+        tree: the rows are token-tree nodes (`dfvg.gpu.tree_rows`), each in its own cache slot."""
         if self.fused and ids.shape[1] <= fused.MAX_ROWS:
-            return self._fused_forward(ids, pos, last_only)
-        return self._block_forward(ids, pos[None], last_only)[0]
+            return self._fused_forward(ids, pos, last_only, tree)
+        return self._block_forward(ids, pos[None], last_only, tree)[0]
 
     def forward_rows(self, ids: Tensor, pos: Tensor, last_only: bool = False) -> Tensor:
         """ids, pos [B, T] long -> logits [B, T, V]: row b at its own positions, in cache row b."""
@@ -80,15 +82,18 @@ class GraphModel:
             return self.forward(ids, pos[0], last_only)[None]
         return self._block_forward(ids, pos, last_only)
 
-    def _block_forward(self, ids: Tensor, pos: Tensor, last_only: bool) -> Tensor:
+    def _block_forward(self, ids: Tensor, pos: Tensor, last_only: bool, tree: TreeRows | None = None) -> Tensor:
         m = self.model
         x = m.embed(ids)  # [B, T, D]
         cos = m.rope_cos[pos].to(x.dtype)[:, :, None]  # [B, T, 1, hd]
         sin = m.rope_sin[pos].to(x.dtype)[:, :, None]
-        mask = torch.arange(self.cache_len, device=ids.device) <= pos[..., None]  # [B, T, S]
+        if tree is None:
+            mask, slots = torch.arange(self.cache_len, device=ids.device) <= pos[..., None], pos  # [B, T, S]
+        else:  # one sequence: its tree rows' own slots and ancestor mask
+            mask, slots = tree.mask(self.cache_len)[None], tree.slots[None]
         for layer, w in zip(m.layers, self.weights, strict=True):
             cache = layer.attention.kv_cache
-            x = self.block(x, cos, sin, pos, mask, cache.k, cache.v, w, self.dims)
+            x = self.block(x, cos, sin, slots, mask, cache.k, cache.v, w, self.dims)
         if last_only:
             x = x[:, -1:]
         return m.logits(x)
@@ -102,14 +107,14 @@ class GraphModel:
         else:
             self.model.feed(tokens, 0, last_only=True)
 
-    def _fused_forward(self, ids: Tensor, pos: Tensor, last_only: bool) -> Tensor:
+    def _fused_forward(self, ids: Tensor, pos: Tensor, last_only: bool, tree: TreeRows | None) -> Tensor:
         m = self.model
         x = m.embed(ids)[0]  # [T, D]
         counters = fused.new_counters(x.device)  # one zeroed split-K scratch for every launch of this pass
         for layer, w in zip(m.layers, self.weights, strict=True):
             cache = layer.attention.kv_cache
             x = fused.layer_forward(x, pos, m.rope_cos, m.rope_sin, cache.k[0], cache.v[0], w, self.dims,
-                                    counters)
+                                    counters, tree)
         if last_only:
             x = x[-1:].contiguous()
         return fused.logits(m, x, counters)  # the head as a row-invariant launch too (fused module docstring)

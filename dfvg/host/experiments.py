@@ -37,6 +37,7 @@ from dfvg.energy import EnergyMeter, Nvml
 from dfvg.engine import make_drafter
 from dfvg.generate import GenerationResult, max_seq_len
 from dfvg.gpu.graphs import GraphDrafter
+from dfvg.gpu.tree_device import tree_room
 from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.context import Context, build_context, drafter_of, fpga_options
 from dfvg.host.device_config import AdaptiveConfig
@@ -118,7 +119,8 @@ def reserve(plans_: list[Plan], ctx: Context) -> list[int]:
     warm-up), so no prompt reallocates a cache and recaptures graphs inside its timing; the longest prompt."""
     longest = max(ctx.prompts, key=lambda p: len(p["ids"]))["ids"]
     k = max(largest_k(plans_, ctx))
-    ctx.engine.reserve(max_seq_len(len(longest), ctx.cfg.max_new_tokens, k), max_batch_size(ctx.cfg))
+    room = tree_room(ctx.cfg.tree, k) if ctx.cfg.tree is not None else 0
+    ctx.engine.reserve(max_seq_len(len(longest), ctx.cfg.max_new_tokens, k) + room, max_batch_size(ctx.cfg))
     return longest
 
 

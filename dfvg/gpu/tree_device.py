@@ -1,0 +1,243 @@
+"""Greedy token-tree speculation as one CUDA-graph replay: draft a tree, verify it, accept a path, compact.
+
+Why: the eager tree step (`dfvg.tree_step.TreeStep`) launches every draft forward, the target's tree pass
+and the acceptance from Python, so on a GPU its steps cost several decode steps. Here the whole step is
+captured once per tree shape and replayed; the host copies back 2 + D + K integers.
+
+One replay (tree depth D, K nodes verified; every shape static, so the graph is fixed):
+1. Draft catch-up: the draft refeeds the last D + 1 committed tokens at their positions. A step commits at
+   most D + 1 tokens, so this rewrites every draft cache slot the previous tree left stale, and gives the
+   root's logits.
+2. Per depth: the top-c children of every frontier node, scored by cumulative draft probability as
+   `dfvg.tree_step.TreeDrafter` scores them. The frontier (every node of a static tree's depth; the
+   `DYNAMIC_WIDTH` best of a dynamic tree's) is fed at its own cache slots with tree attention (`TreeRows`).
+3. The verified tree: every candidate of a static tree; the `budget` best of a dynamic one. The sort is
+   stable over nodes in creation order, so a tie keeps the shallower node and the kept set holds every
+   kept node's ancestors.
+4. The target scores the root and the K nodes in one pass. Each node row attends over the committed slots
+   and its ancestors *at their sequence positions* (`decode_attention._source_slots`), so on the fused
+   kernels a node's row is computed bit for bit as plain decoding computes the same token: greedy output
+   equals plain decoding on the GPU, as the chain's does.
+5. Greedy acceptance down the tree on the device; the accepted path's K/V move to the sequential slots
+   after the root; the committed history and the root position advance.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dfvg.drafter import DraftBlock
+from dfvg.generate import Outcome
+from dfvg.gpu.graphs import GraphDrafter, GraphModel, GraphVerifier
+from dfvg.gpu.tree_rows import TreeRows
+from dfvg.tree import DYNAMIC_WIDTH, TreeSpec
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """The static shape of a device tree: children per frontier node and frontier size at each depth."""
+
+    children: tuple[int, ...]  # children of every frontier node, per level (level l makes depth l + 1)
+    frontier: tuple[int, ...]  # nodes expanded per level (level 0: the root alone)
+    keep: int  # nodes verified
+    dynamic: bool
+
+    @property
+    def depth(self) -> int:
+        return len(self.children)
+
+    def made(self, level: int) -> int:
+        return self.frontier[level] * self.children[level]
+
+    def offset(self, level: int) -> int:
+        return sum(self.made(i) for i in range(level))
+
+    @property
+    def candidates(self) -> int:
+        return self.offset(self.depth)
+
+
+def tree_shape(spec: TreeSpec, draft_length: int) -> TreeShape:
+    """The device shape of `spec` at this draft length (a dynamic tree is `draft_length` deep)."""
+    depth = spec.depth(draft_length)
+    if spec.dynamic:
+        children = (DYNAMIC_WIDTH,) * depth
+        shape = TreeShape(children, (1,) + (DYNAMIC_WIDTH,) * (depth - 1), 0, True)
+        return TreeShape(children, shape.frontier, min(spec.budget, shape.candidates), True)
+    frontier = [1]
+    for b in spec.branching[:-1]:
+        frontier.append(frontier[-1] * b)
+    shape = TreeShape(tuple(spec.branching), tuple(frontier), 0, False)
+    return TreeShape(shape.children, shape.frontier, shape.candidates, False)
+
+
+def tree_room(spec: TreeSpec, draft_length: int) -> int:
+    """Slots to add to `max_seq_len(prompt, new, draft_length)` so that a device tree step's caches fit: its
+    candidates, the root's, and its depth (the loop sizes a tree's generation by depth, not draft length)."""
+    shape = tree_shape(spec, draft_length)
+    return shape.candidates + 1 + shape.depth
+
+
+class TreeBuffers:
+    """The step's static device tensors: committed history and root (state), candidates, the record."""
+
+    def __init__(self, shape: TreeShape, device: torch.device):
+        d, m, long = shape.depth, shape.candidates, torch.long
+        self.history = torch.zeros(d + 1, dtype=long, device=device)  # last D + 1 committed tokens, root last
+        self.root = torch.zeros(1, dtype=long, device=device)  # position of the root (last committed token)
+        self.tokens = torch.zeros(m, dtype=long, device=device)
+        self.parents = torch.zeros(m, dtype=long, device=device)  # candidate index, -1: the root
+        self.scores = torch.zeros(m, dtype=torch.float32, device=device)
+        self.ancestors = torch.zeros(m, max(d, 1), dtype=long, device=device)  # candidate index per depth, -1 pad
+        self.depths = torch.tensor([lvl + 1 for lvl in range(d) for _ in range(shape.made(lvl))], device=device)
+        self.record = torch.zeros(2 + d + shape.keep, dtype=long, device=device)  # n, next, path, tree tokens
+
+
+def slots_of(candidates: Tensor, root: Tensor, index: Tensor | None = None) -> Tensor:
+    """Cache slots of candidate indices (-1: the root), after optional renumbering by `index`."""
+    numbered = candidates if index is None else index[candidates.clamp(min=0)]
+    return torch.where(candidates < 0, root, root + 1 + numbered)
+
+
+def grow(draft: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -> None:
+    """Steps 1-2 of the module docstring: fill the candidate buffers from the draft."""
+    d, root, dev = shape.depth, buf.root, buf.root.device
+    logits = draft.forward(buf.history[None], root - d + torch.arange(d + 1, device=dev), last_only=True)
+    frontier = torch.full((1,), -1, dtype=torch.long, device=dev)
+    scores, ancestors = torch.ones(1, device=dev), torch.full((1, max(d, 1)), -1, dtype=torch.long, device=dev)
+    for level, count in enumerate(shape.children):
+        probs, tokens = torch.softmax(logits[:, :vocab].float(), -1).topk(count, dim=-1)  # [F, c]
+        base, made = shape.offset(level), shape.made(level)
+        new = torch.arange(base, base + made, device=dev)
+        buf.tokens[base : base + made] = tokens.reshape(-1)
+        buf.scores[base : base + made] = (scores[:, None] * probs).reshape(-1)
+        buf.parents[base : base + made] = frontier.repeat_interleave(count)
+        grown = ancestors.repeat_interleave(count, 0)
+        grown[:, level] = new
+        buf.ancestors[base : base + made] = grown
+        if level + 1 == d:
+            break
+        frontier = new
+        if shape.dynamic:
+            frontier = base + buf.scores[base : base + made].topk(shape.frontier[level + 1]).indices
+        scores, ancestors = buf.scores[frontier], buf.ancestors[frontier]
+        rows = TreeRows(slots_of(frontier, root), root, slots_of(ancestors, root))
+        pos = (root + level + 1).repeat(frontier.shape[0])  # contiguous: the kernels index it by row
+        logits = draft.forward(buf.tokens[frontier][None], pos, tree=rows)
+
+
+def verify(target: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -> None:
+    """Steps 3-5: keep the tree, verify it in one target pass, accept greedily, compact, advance."""
+    d, k, root, dev = shape.depth, shape.keep, buf.root, buf.root.device
+    kept = torch.arange(k, device=dev)
+    if shape.dynamic:
+        kept = torch.sort(buf.scores, descending=True, stable=True).indices[:k].sort().values
+    index = torch.full((shape.candidates,), -1, dtype=torch.long, device=dev)
+    index[kept] = torch.arange(k, device=dev)
+    tokens, depths, parents = buf.tokens[kept], buf.depths[kept], buf.parents[kept]
+    parents = torch.where(parents < 0, -1, index[parents.clamp(min=0)])
+    ancestors = torch.cat([root.expand(1, buf.ancestors.shape[1]), slots_of(buf.ancestors[kept], root, index)])
+    rows = TreeRows(root + torch.arange(k + 1, device=dev), root, ancestors)
+    ids = torch.cat([buf.history[-1:], tokens])[None]
+    best = target.forward(ids, torch.cat([root, root + depths]), tree=rows)[:, :vocab].argmax(-1)  # [K+1]
+    n, path = accept(tokens, parents, depths, best, d)
+    last = torch.where(n > 0, path[(n - 1).clamp(min=0)] + 1, 0)
+    next_token = best[last]
+    compact(target, root, path, n, d)
+    steps = torch.arange(d + 1, device=dev)
+    path_tokens = torch.cat([tokens[path.clamp(max=k - 1)], next_token[None]])
+    committed = torch.where(steps < n, path_tokens, next_token)
+    buf.history.copy_(torch.cat([buf.history, committed])[n + 1 + steps])
+    buf.root.add_(n + 1)
+    buf.record.copy_(torch.cat([n[None], next_token[None], path, tokens]))
+
+
+def accept(tokens: Tensor, parents: Tensor, depths: Tensor, best: Tensor, depth: int) -> tuple[Tensor, Tensor]:
+    """Greedy tree acceptance on the device: a node is accepted when its parent is and the target's argmax
+    after the parent is its token (siblings are distinct, so the accepted nodes form one path).
+    Returns (n, path [D]: the accepted node at depth j + 1, for j < n)."""
+    match = tokens == best[parents + 1]
+    accepted = match & (parents < 0)
+    for _ in range(depth - 1):
+        accepted = match & torch.where(parents < 0, True, accepted[parents.clamp(min=0)])
+    path = torch.zeros(depth + 1, dtype=torch.long, device=tokens.device)
+    path.scatter_(0, torch.where(accepted, depths - 1, depth), torch.arange(tokens.shape[0], device=tokens.device))
+    return accepted.sum(), path[:depth]
+
+
+def compact(target: GraphModel, root: Tensor, path: Tensor, n: Tensor, depth: int) -> None:
+    """Move the accepted nodes' K/V from their tree slots to root + 1.. (their positions); the rest move onto
+    themselves. All reads happen before the writes of a layer, so the moves cannot clobber each other."""
+    steps = torch.arange(depth, device=root.device)
+    dest = root + 1 + steps
+    source = root + 1 + torch.where(steps < n, path, steps)
+    for layer in target.model.layers:
+        cache = layer.attention.kv_cache
+        for tensor in (cache.k[0], cache.v[0]):
+            tensor.index_copy_(0, dest, tensor.index_select(0, source))
+
+
+def tree_body(target: GraphModel, draft: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -> Tensor:
+    grow(draft, shape, buf, vocab)
+    verify(target, shape, buf, vocab)
+    return buf.record
+
+
+class DeviceTreeStep:
+    """The engine's `Step` for greedy trees on a graph verifier and graph drafter: one replay per step."""
+
+    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter, spec: TreeSpec, draft_length: int):
+        self.verifier, self.drafter, self.device = verifier, drafter, verifier.device
+        self.shape = tree_shape(spec, draft_length)
+        self.depth = self.shape.depth
+        self.graph = None
+        self._cache_ids: tuple = ()
+
+    def _cache_key(self) -> tuple:
+        return (self.verifier.gm._cache_id, self.drafter.gm._cache_id)
+
+    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
+        """Caches with room for the candidates past the sequence; the graph (captured on first use, its
+        warm-up writing the start of the caches); then both prompts and the step's state."""
+        room = max_seq_len + self.shape.candidates + 1  # = tree_room past the sequence
+        for holder in (self.verifier, self.drafter):
+            holder.gm.ensure_cache(max(room, holder.min_cache_len))
+        if self.graph is None or self._cache_ids != self._cache_key():
+            self._capture()
+        self.verifier.prefill(prompt_ids, room)
+        self.drafter.prefill(prompt_ids, room)
+        self.buf.history.copy_(torch.tensor(prompt_ids[-(self.depth + 1):]))
+        self.buf.root.fill_(len(prompt_ids) - 1)
+
+    def _capture(self) -> None:
+        self.buf = TreeBuffers(self.shape, self.device)
+
+        def reset() -> None:
+            self.buf.root.fill_(self.depth)
+
+        body = lambda: tree_body(self.verifier.gm, self.drafter.gm, self.shape, self.buf,  # noqa: E731
+                                 self.verifier.vocab_size)
+        self.graph, _ = self.verifier.gm.capture(("tree", self.shape, id(self.drafter)), body, before=reset)
+        self._cache_ids = self._cache_key()
+
+    def __call__(self, seq: list[int], k: int) -> Outcome:
+        start = time.perf_counter()
+        self.graph.replay()
+        n, next_token, *rest = self.buf.record.tolist()  # the step's one device-to-host copy
+        path, tokens = rest[: min(n, self.depth)], rest[self.depth :]
+        order = path + [i for i in range(len(tokens)) if i not in set(path)]
+        return Outcome(DraftBlock([tokens[i] for i in order], None, 0.0), n, next_token,
+                       time.perf_counter() - start)
+
+
+def fits_device_tree(verifier: object, drafter: object, spec: TreeSpec, greedy: bool, prompt_len: int,
+                     draft_length: int) -> bool:
+    """Whether a tree can run as `DeviceTreeStep`: greedy, graph models, and a prompt longer than the tree
+    is deep (the draft catch-up refeeds D + 1 tokens). Trees of more than `fused.MAX_ROWS` - 1 nodes verify
+    on the block path (not bit-identical to plain decoding on a GPU)."""
+    graphs = isinstance(verifier, GraphVerifier) and isinstance(drafter, GraphDrafter)
+    return greedy and graphs and prompt_len > tree_shape(spec, draft_length).depth >= 1

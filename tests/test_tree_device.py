@@ -1,0 +1,182 @@
+"""Greedy token trees as one captured step (`dfvg.gpu.tree_device`): lossless on the graph models of every
+architecture (CPU: the same bodies replayed eagerly), the same tree and acceptance as the eager tree step,
+the compacted cache, the tree attention of the fused kernel bit for bit against a chain (Triton's
+interpreter here, the tensor cores on the GPU), and whole trees against plain decoding in bf16 on the GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from dfvg.checkpoint import load_model
+from dfvg.drafter import TorchDrafter
+from dfvg.engine import Engine
+from dfvg.generate import generate
+from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
+from dfvg.gpu.kernels import HAVE_TRITON
+from dfvg.gpu.tree_device import DeviceTreeStep, tree_shape
+from dfvg.gpu.tree_rows import TreeRows
+from dfvg.sampling import SamplingParams
+from dfvg.tree import TreeSpec, parse_tree_spec, static_nodes
+from dfvg.verifier import TorchVerifier
+from tests.conftest import save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = list(range(2, 40))
+SHAPES = ("1,1,1,1", "2,2,1", "3,1,2", "dynamic:8", "dynamic:16")
+
+
+@pytest.fixture(scope="module", params=("llama", "qwen2", "qwen3"))
+def arch_pair(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    save_checkpoint(root / "target", request.param, seed=1)
+    save_checkpoint(root / "draft", request.param, seed=1, num_hidden_layers=1)  # shares the target's embeddings
+    return root / "target", root / "draft"
+
+
+def graph_engine(target_dir, draft_dir, cache_len: int = 96) -> tuple[Engine, GraphDrafter]:
+    engine = Engine(GraphVerifier(load_model(target_dir), compile_blocks=False, cache_len=cache_len))
+    drafter = GraphDrafter(load_model(draft_dir), engine.verifier.vocab_size, compile_blocks=False,
+                           cache_len=cache_len)
+    return engine, drafter
+
+
+def test_tree_shapes_count_the_eager_trees_nodes():
+    assert tree_shape(TreeSpec(branching=(2, 2, 1)), 4).candidates == static_nodes((2, 2, 1)) == 10
+    assert tree_shape(TreeSpec(branching=(2, 2, 1)), 4).keep == 10
+    dynamic = tree_shape(TreeSpec(budget=16), 4)
+    assert (dynamic.depth, dynamic.candidates, dynamic.keep) == (4, TreeSpec(budget=16).max_candidates(4), 16)
+    assert tree_shape(TreeSpec(budget=500), 2).keep == 4 + 16  # the budget is capped by what is grown
+
+
+def test_tree_rows_mask_sees_committed_slots_and_ancestors():
+    root = torch.tensor([3])
+    rows = TreeRows(torch.tensor([3, 4, 5, 6]), root, torch.tensor([[3, 3], [4, 3], [5, 3], [4, 6]]))
+    mask = rows.mask(8).int().tolist()
+    assert mask == [[1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 1, 0, 0],
+                    [1, 1, 1, 1, 1, 0, 1, 0]]
+
+
+@pytest.mark.parametrize("spec", SHAPES)
+def test_device_trees_are_lossless_and_decide_as_the_eager_tree(arch_pair, spec):
+    """Same tokens as plain decoding, and the same accepted length per step as the eager tree step (the
+    same tree, grown by the same rules; the last step differs only where the eager loop shortens its tree)."""
+    target_dir, draft_dir = arch_pair
+    expected = generate(TorchVerifier(load_model(target_dir)), PROMPT, 30).tokens
+    for drafter_dir in (draft_dir, target_dir):
+        engine, drafter = graph_engine(target_dir, drafter_dir)
+        result = engine.decode(drafter, PROMPT, 30, k=4, tree=parse_tree_spec(spec))
+        assert isinstance(list(engine.device_steps.values())[-1], DeviceTreeStep)
+        assert result.tokens == expected
+        eager = Engine(TorchVerifier(load_model(target_dir)))
+        reference = eager.decode(TorchDrafter(load_model(drafter_dir), eager.verifier.vocab_size), PROMPT, 30,
+                                 k=4, tree=parse_tree_spec(spec))
+        got, want = ([s.num_accepted for s in r.steps][:-1] for r in (result, reference))
+        assert got == want
+        assert [s.num_drafted for s in result.steps] == [tree_shape(parse_tree_spec(spec), 4).keep] * len(got + [0])
+    assert sum(got) > len(got)  # the target drafting for itself: most of every tree's depth is accepted
+
+
+def test_device_tree_leaves_the_target_cache_as_plain_decoding_does(arch_pair):
+    """The accepted paths' K/V are moved on the device to the slots plain decoding writes."""
+    target_dir, draft_dir = arch_pair
+    plain = TorchVerifier(load_model(target_dir))
+    tokens = generate(plain, PROMPT, 23).tokens
+    engine, drafter = graph_engine(target_dir, target_dir)
+    assert engine.decode(drafter, PROMPT, 23, k=4, tree=parse_tree_spec("2,2,1")).tokens == tokens
+    valid = len(PROMPT) + len(tokens) - 1
+    for a, b in zip(plain.model.layers, engine.verifier.model.layers, strict=True):
+        for name in ("k", "v"):
+            torch.testing.assert_close(getattr(a.attention.kv_cache, name)[0, :valid],
+                                       getattr(b.attention.kv_cache, name)[0, :valid], atol=1e-4, rtol=1e-4)
+
+
+def test_trees_the_device_step_cannot_take_run_eagerly(arch_pair):
+    """Sampling and a prompt no longer than the tree is deep take the eager tree step; a chain afterwards
+    still takes its own captured step, and a second tree run reuses the captured tree."""
+    target_dir, draft_dir = arch_pair
+    engine, drafter = graph_engine(target_dir, draft_dir)
+    spec = parse_tree_spec("2,2,1")
+    short = [5, 6]
+    assert engine.decode(drafter, short, 12, k=4, tree=spec).tokens == \
+        generate(TorchVerifier(load_model(target_dir)), short, 12).tokens
+    sampled = engine.decode(drafter, PROMPT, 8, k=4, tree=spec, sampling=SamplingParams(1.0), seed=1)
+    assert len(sampled.tokens) == 8 and engine.device_steps == {}
+    engine.decode(drafter, PROMPT, 8, k=4, tree=spec)
+    engine.decode(drafter, PROMPT, 8, k=4, tree=spec)
+    engine.decode(drafter, PROMPT, 8, k=4)
+    assert [type(s).__name__ for s in engine.device_steps.values()] == ["DeviceTreeStep", "DeviceStep"]
+
+
+def tree_attention_failures(device: str) -> list[str]:
+    """Rows of a tree attention launch that differ in any bit from the same query on a chain cache where the
+    row's ancestors sit at their positions (what plain decoding of that path computes)."""
+    from dfvg.gpu.decode_attention import attention
+
+    torch.manual_seed(2)
+    heads, kv_heads, hd, slots, root = 6, 2, 32, 256, 190  # positions cross the 64-slot split at 192
+    kc, vc = (torch.randn(slots, kv_heads, hd).to(device, torch.bfloat16) for _ in range(2))
+    parents = [-1, -1, 0, 0, 1, 2, 5, 6]
+    chains: list[list[int]] = []
+    for i, parent in enumerate(parents):
+        chains.append(([] if parent < 0 else chains[parent]) + [root + 1 + i])
+    depth = max(map(len, chains))
+    ancestors = torch.tensor([[root] * depth] + [c + [root] * (depth - len(c)) for c in chains], device=device)
+    pos = torch.tensor([root] + [root + len(c) for c in chains], device=device)
+    q = torch.randn(len(parents) + 1, heads * hd).to(device, torch.bfloat16)
+    dims = (heads, kv_heads, hd, 0, 1e-6)
+    got = attention(q, kc, vc, pos, dims, (torch.tensor([root], device=device), ancestors))
+    failures = []
+    for row, chain in enumerate([[]] + chains):
+        chain_k, chain_v = kc.clone(), vc.clone()
+        chain_k[root + 1 : root + 1 + len(chain)], chain_v[root + 1 : root + 1 + len(chain)] = kc[chain], vc[chain]
+        want = attention(q[row : row + 1], chain_k, chain_v, pos[row : row + 1], dims)
+        if not torch.equal(got[row], want[0]):
+            failures.append(f"row {row}")
+    return failures
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
+def test_tree_attention_equals_the_chain_under_triton_interpreter():
+    code = textwrap.dedent("""
+        import tests.test_tree_device as t
+        print(len(t.tree_attention_failures("cpu")))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode and "only 0-dimensional arrays" in proc.stderr:
+        pytest.skip("this numpy is too new for Triton's interpreter")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "0"
+
+
+@pytest.mark.gpu
+def test_tree_attention_equals_the_chain_on_gpu():
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    assert tree_attention_failures("cuda") == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ("2,2,1,1", "4,2,1,1", "dynamic:16", "dynamic:40"))
+def test_bf16_trees_equal_plain_decoding_on_gpu(spec):
+    """Random bf16 weights (near-ties everywhere): a tree's output equals plain decoding token for token
+    only if every node row is computed bit for bit as plain decoding computes it (dynamic:40 has 41 rows)."""
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    from tests.test_gpu_fused import small_model
+
+    target, draft = small_model(64, "cuda", layers=3), small_model(64, "cuda", layers=1)
+    engine = Engine(GraphVerifier(target, compile_blocks=False, cache_len=512))
+    drafter = GraphDrafter(draft, 512, compile_blocks=False, cache_len=512)
+    assert engine.verifier.gm.fused and drafter.gm.fused
+    for seed in range(3):
+        prompt = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(seed)).tolist()
+        plain = engine.decode(None, prompt, 96, k=0).tokens
+        assert engine.decode(drafter, prompt, 96, k=4, tree=parse_tree_spec(spec)).tokens == plain
