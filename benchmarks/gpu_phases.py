@@ -145,10 +145,12 @@ def phase_dfvg(args, models) -> dict:
         runs.update(tree_runs(args, prompts, verifier, small, "dfvg_distilled_tree"))
         if dev.startswith("cuda"):
             runs["step_times_distilled"] = step_times(verifier, small, ks(args))
-    for other in (kind for kind in KERNELS if kind != args.kernels):
+    for other in (kind for kind in KERNELS if kind != args.kernels and not args.one_kernel):
         other_verifier, _ = graph_pair(args, models, other)
         runs[f"dfvg_{other}_plain"] = timed_runs(f"dfvg plain ({other})", prompts,
                                                  dfvg_runner(other_verifier, None, 0, n), dev)
+    if args.one_kernel:
+        return runs
     eager = TorchVerifier(models["target"])
     runs["dfvg_plain_eager"] = timed_runs("dfvg plain (eager, 3 prompts)", prompts[:3],
                                           lambda ids: _out(generate(eager, ids, n)), dev)

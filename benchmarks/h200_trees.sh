@@ -6,8 +6,9 @@
 #   2. gpu_speed --phases dfvg --ks 4: DFVG plain, speculative and the device tree step (--trees' shapes) with
 #      the 0.5B and the distilled draft, through Engine.decode;
 #   3. --phases llama_cpp: llama-bench BF16 / Q4_K_M, llama-speculative with the 0.5B draft;
-#   4. --phases hf_eager,hf_static and hf_assist at k = 4 (HF's best k on 2026-12-03);
-#   5. --phases report after 3 and again at the end (one table, gpu_speed.json).
+#   4. dfvg generate --device cuda on one held-out prompt: no draft, the distilled chain, its dynamic:16 tree;
+#   5. --phases hf_eager,hf_static and hf_assist at k = 4 (HF's best k on 2026-12-03);
+#   6. --phases report after 3 and again at the end (one table, gpu_speed.json).
 # It copies the repository first, so calls made while it runs may resync the working tree.
 # Usage there: setsid nohup bash benchmarks/h200_trees.sh /root/g /root/out > /root/lease.log 2>&1 &
 set -euo pipefail
@@ -22,8 +23,19 @@ tail -3 "$out/gpu_tests.log"
 python3 scripts/download_models.py --cache-dir /root/cache 2>&1 | tail -2
 common=(--gguf-dir /root/cache/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20
         --results /root/res --out "$out" --llama-src /root/peers.tar.gz)
-python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 "${common[@]}" 2>&1 | tee "$out/gpu_speed_dfvg.log"
+python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel "${common[@]}" 2>&1 | tee "$out/gpu_speed_dfvg.log"
 python3 benchmarks/gpu_speed.py --phases llama_cpp,report "${common[@]}" 2>&1 | tee "$out/gpu_speed_llama.log"
+prompt=$(python3 -c "import json; print(json.loads(open('data/humaneval-heldout.jsonl').readline())['prompt'])")
+distilled=models/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768
+i=0
+for flags in "--no-draft" "--draft $distilled --draft-length 4" "--draft $distilled --draft-length 4 --tree dynamic:16"; do
+  i=$((i + 1)) name=$i$(echo "$flags" | tr -c 'a-z0-9\n' '_' | tail -c 24)  # distinct per row (the lease's first
+  # version cut the names to a common 60-character prefix: the tree's JSON replaced the chain's)
+  # shellcheck disable=SC2086
+  python3 -m dfvg generate --target models/qwen2.5-coder-1.5b-instruct $flags --device cuda --raw-prompt \
+    --prompt "$prompt" --max-new-tokens 128 --json > "$out/generate$name.json" || true
+  python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['stats']; print(sys.argv[1], round(s['tokens_per_second'],1), 'tok/s, tau', round(s['mean_accepted_length'],2))" "$out/generate$name.json" || true
+done
 python3 benchmarks/gpu_speed.py --phases hf_eager,hf_static,hf_assist,report --ks 4 "${common[@]}" 2>&1 \
   | tee "$out/gpu_speed_hf.log"
 echo DONE

@@ -8,9 +8,9 @@ multi-candidate rule) -> commit (both caches compact the accepted path to its se
 Its `Outcome.block` lists the accepted path first and the other nodes after it, so `num_accepted` counts
 the path and `StepRecord.num_drafted` is the tree size (acceptance rate = path nodes / tree nodes).
 
-What it does not own: the tree's shape rules and acceptance (`dfvg.tree`), a CUDA-graph or Triton tree
-verify (trees run eagerly on every device for now; `dfvg.gpu.kernels` holds the tree-mask kernel), and the
-FPGA datapath drafter (a tree needs its integer top-k; not built yet).
+What it does not own: the tree's shape rules and acceptance (`dfvg.tree`), greedy trees on CUDA-graph
+models (`dfvg.gpu.tree_device.DeviceTreeStep`, one captured step; the engine picks it), and the FPGA
+datapath drafter (a tree needs its integer top-k; not built yet).
 """
 
 from __future__ import annotations
@@ -188,10 +188,11 @@ class TreeStep:
 
 def tree_step(verifier: Verifier, drafter: Drafter, spec: TreeSpec, sampling: SamplingParams, seed: int,
               draft_length: int) -> TreeStep:
-    """The tree step for this pair, or a UserError saying which part cannot run trees yet.
+    """The eager tree step for this pair, or a UserError saying which part cannot run trees yet.
 
-    Graph models run their trees on the eager forward of the same model and cache (a tree's mask has no
-    captured graph yet), so a run's other variants keep their graphs."""
+    Graph models that the device tree step cannot take (sampling, a prompt no longer than the tree is deep)
+    run their trees on the eager forward of the same model and cache, so a run's other variants keep their
+    graphs."""
     if isinstance(verifier, GraphVerifier):
         verifier = TorchVerifier(verifier.model)
     if isinstance(drafter, GraphDrafter):

@@ -45,7 +45,7 @@ if HAVE_TRITON:
         if TREE:
             root = tl.load(root_ptr)
             beyond = (s > root) & (s <= pos)
-            return tl.where(beyond, tl.load(anc_ptr + t * DEPTH + (s - root - 1), mask=beyond, other=0), s)
+            return tl.where(beyond, tl.load(anc_ptr + t * DEPTH + (s - root - 1), mask=beyond, other=0), s).to(tl.int32)
         return s
 
     @triton.jit(do_not_specialize=["rows"])

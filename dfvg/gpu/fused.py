@@ -207,7 +207,7 @@ if HAVE_TRITON:
             y_lo = x_lo
             y_hi = x_hi
         mask = live[:, None] & (lo[None, :] < HALF) & last
-        slot = tl.load(slot_ptr + t, mask=live, other=0)
+        slot = tl.load(slot_ptr + t, mask=live, other=0).to(tl.int32)
         if head < HEADS:
             at = t[:, None] * (HEADS * HD) + head * HD + lo[None, :]
             dest = q_ptr

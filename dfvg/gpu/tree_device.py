@@ -145,15 +145,16 @@ def verify(target: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -
     ids = torch.cat([buf.history[-1:], tokens])[None]
     best = target.forward(ids, torch.cat([root, root + depths]), tree=rows)[:, :vocab].argmax(-1)  # [K+1]
     n, path = accept(tokens, parents, depths, best, d)
-    last = torch.where(n > 0, path[(n - 1).clamp(min=0)] + 1, 0)
-    next_token = best[last]
+    # gathers, not tensor[0-dim tensor]: that indexing reads the index on the host, which a graph cannot
+    last = torch.where(n > 0, path.gather(0, (n - 1).clamp(min=0)[None]) + 1, 0)  # [1]: the deepest row
+    next_token = best.gather(0, last)  # [1]
     compact(target, root, path, n, d)
     steps = torch.arange(d + 1, device=dev)
-    path_tokens = torch.cat([tokens[path.clamp(max=k - 1)], next_token[None]])
+    path_tokens = torch.cat([tokens[path.clamp(max=k - 1)], next_token])
     committed = torch.where(steps < n, path_tokens, next_token)
     buf.history.copy_(torch.cat([buf.history, committed])[n + 1 + steps])
     buf.root.add_(n + 1)
-    buf.record.copy_(torch.cat([n[None], next_token[None], path, tokens]))
+    buf.record.copy_(torch.cat([n[None], next_token, path, tokens]))
 
 
 def accept(tokens: Tensor, parents: Tensor, depths: Tensor, best: Tensor, depth: int) -> tuple[Tensor, Tensor]:
