@@ -101,6 +101,7 @@ class DraftTree:
     parents: list[int]
     probs: Tensor | None
     elapsed_s: float = 0.0
+    modeled_s: float | None = None  # modeled board time of growing it (the FPGA datapath's trees)
 
     def depths(self) -> list[int]:
         depths: list[int] = []

@@ -10,7 +10,7 @@ the path and `StepRecord.num_drafted` is the tree size (acceptance rate = path n
 
 What it does not own: the tree's shape rules and acceptance (`dfvg.tree`), greedy trees on CUDA-graph
 models (`dfvg.gpu.tree_device.DeviceTreeStep`, one captured step; the engine picks it), and the FPGA
-datapath drafter (a tree needs its integer top-k; not built yet).
+datapath's tree drafter (`dfvg.fpga.datapath.tree_drafter`, static greedy trees with an exact integer top-k).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from torch import Tensor
 from dfvg.devices import synchronize
 from dfvg.drafter import DraftBlock, Drafter, TorchDrafter, fit_vocab
 from dfvg.errors import UserError
+from dfvg.fpga.datapath.drafter import FpgaDrafter
+from dfvg.fpga.datapath.tree_drafter import DatapathTreeDrafter
 from dfvg.generate import Outcome
 from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
 from dfvg.sampling import SamplingParams, processed_probs, sample_from
@@ -161,10 +163,10 @@ def verify_tree(verifier: TorchVerifier, seq: list[int], tree: DraftTree, sampli
 class TreeStep:
     """`Step` of token-tree speculation: the torch draft proposes a tree, the eager target verifies it."""
 
-    def __init__(self, verifier: TorchVerifier, drafter: TorchDrafter, spec: TreeSpec, sampling: SamplingParams,
-                 rng: torch.Generator, draft_length: int):
+    def __init__(self, verifier: TorchVerifier, tree_drafter: TreeDrafter | DatapathTreeDrafter, spec: TreeSpec,
+                 sampling: SamplingParams, rng: torch.Generator, draft_length: int):
         self.verifier, self.spec, self.sampling, self.rng = verifier, spec, sampling, rng
-        self.tree_drafter = TreeDrafter(drafter, spec)
+        self.tree_drafter = tree_drafter
         self.depth = spec.depth(draft_length)
         self.device = verifier.device
 
@@ -182,7 +184,7 @@ class TreeStep:
         if depth:
             self.tree_drafter.accept(path)
         order = path + [i for i in range(len(tree.tokens)) if i not in set(path)]
-        block = DraftBlock([tree.tokens[i] for i in order], None, tree.elapsed_s)
+        block = DraftBlock([tree.tokens[i] for i in order], None, tree.elapsed_s, tree.modeled_s)
         return Outcome(block, len(path), next_token, verify_s)
 
 
@@ -199,6 +201,25 @@ def tree_step(verifier: Verifier, drafter: Drafter, spec: TreeSpec, sampling: Sa
         drafter = drafter.eager
     if type(verifier) is not TorchVerifier:
         raise UserError("a token tree verifies on one process's eager target; tensor parallelism has no tree yet")
+    rng = torch.Generator().manual_seed(seed)
+    if isinstance(drafter, FpgaDrafter):
+        return TreeStep(verifier, DatapathTreeDrafter(drafter, check_fpga_tree(drafter, spec, sampling)), spec,
+                        sampling, rng, draft_length)
     if type(drafter) is not TorchDrafter:
-        raise UserError("--tree needs a torch draft (--draft-device cpu/cuda); the FPGA datapath has no tree yet")
-    return TreeStep(verifier, drafter, spec, sampling, torch.Generator().manual_seed(seed), draft_length)
+        raise UserError("--tree needs a torch draft (--draft-device cpu/cuda) or the emulated FPGA datapath")
+    return TreeStep(verifier, TreeDrafter(drafter, spec), spec, sampling, rng, draft_length)
+
+
+def check_fpga_tree(drafter: FpgaDrafter, spec: TreeSpec, sampling: SamplingParams) -> TreeSpec:
+    """The spec, or a UserError naming what the FPGA datapath's trees cannot do (`DatapathTreeDrafter`)."""
+    if spec.dynamic:
+        raise UserError(f"--tree {spec.label()} on --draft-device fpga: the datapath ranks a node's children by "
+                        "integer logits but has no probabilities to rank a dynamic tree; use a static shape "
+                        "such as 2,2,1,1")
+    if not sampling.greedy:
+        raise UserError("--tree on --draft-device fpga is greedy only (a sampled tree needs the draft's "
+                        "distribution); drop --temperature or the tree")
+    if drafter.engine is not None:
+        raise UserError("--tree on --draft-device fpga runs on the emulated datapath (--fpga-mode emulate); the "
+                        "board kernel drafts chains")
+    return spec

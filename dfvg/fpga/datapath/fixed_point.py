@@ -105,6 +105,19 @@ def argmax_lowest(x: torch.Tensor) -> torch.Tensor:
     return torch.where(hit, idx, x.shape[-1]).min(dim=-1).values
 
 
+def topk_lowest(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest integers over the last dim, largest first, the lower index first on ties:
+    int64 [..., k]. `topk_lowest(x, 1)[..., 0] == argmax_lowest(x)`. Exact: one int64 key per entry,
+    value * n - index (|value| < 2**40 for n <= 2**22), ranks values first and indices second.
+
+    Example: [3, 7, 7, 1] with k = 3 -> [1, 2, 0]."""
+    n = x.shape[-1]
+    if x.dtype.is_floating_point or int(x.abs().max()) >= 2**40 or n > 2**22:
+        raise ValueError("topk_lowest ranks integers below 2**40 over at most 2**22 entries")
+    key = x.to(torch.int64) * n - torch.arange(n, device=x.device)
+    return torch.topk(key, k, dim=-1).indices
+
+
 # --------------------------------------------------------------------------------------- matmuls
 def _probe_int_mm() -> bool:
     """torch._int_mm on CPU: exact int32 accumulation and ~4x faster than float32 here."""

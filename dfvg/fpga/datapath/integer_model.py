@@ -19,6 +19,8 @@ norm's 16-bit input port (RMSNorm is scale-invariant; only its eps term moves, b
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -51,6 +53,22 @@ def rmsnorm_wide(x: Tensor, gamma: Tensor, params: tuple[int, int, int]) -> Tens
     x16 = fp.rounding_shift(x, row_shift)
     eps = fp.rounding_shift(torch.full_like(row_shift, eps0), 2 * row_shift)
     return fp.rmsnorm(x16, gamma, multiplier, shift, eps)
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """Where rows go: RoPE positions [T], cache slots [T], and keep [T, L] (row t attends to slot s)."""
+
+    positions: Tensor
+    slots: Tensor
+    keep: Tensor
+
+
+def chain_layout(start: int, rows: int, device: torch.device) -> TreeLayout:
+    """Consecutive tokens at positions start.. in the same slots, each seeing every slot up to its own."""
+    positions = torch.arange(start, start + rows, device=device)
+    keep = torch.arange(start + rows, device=device)[None, :] <= positions[:, None]
+    return TreeLayout(positions, positions, keep)
 
 
 class IntegerDraftModel:
@@ -113,8 +131,9 @@ class IntegerDraftModel:
     def _norm(self, x: Tensor, name: str) -> Tensor:
         return rmsnorm_wide(x, self.t[name + ".gamma"], self.params[name + ".params"])
 
-    def _attention(self, i: int, x: Tensor, start: int) -> Tensor:
-        """int8 [T, D] -> int8 attention output [T, H*hd]; writes K/V at positions start..start+T-1."""
+    def _attention(self, i: int, x: Tensor, start: int, tree: TreeLayout | None = None) -> Tensor:
+        """int8 [T, D] -> int8 attention output [T, H*hd]; writes K/V at positions start..start+T-1 (a tree:
+        at its rows' slots, RoPE at their positions, attention over `tree.keep`)."""
         cfg, p, seq = self.config, f"layers.{i}.attention", x.shape[0]
         heads, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = self._linear8(x, p + ".wqkv")  # [T, (H + 2 KV) hd]
@@ -122,14 +141,13 @@ class IntegerDraftModel:
         q, k = q.reshape(seq, heads, hd), k.reshape(seq, kv, hd)
         if cfg.qk_norm:  # Qwen3: per-head RMSNorm of int8 q and k (|x| < 2**15, no row shift needed)
             q, k = self._head_norm(q, p + ".q_norm"), self._head_norm(k, p + ".k_norm")
-        cos, sin = self.cos_q[start:start + seq, None], self.sin_q[start:start + seq, None]  # [T, 1, hd/2]
+        layout = tree or chain_layout(start, seq, self.device)
+        cos, sin = self.cos_q[layout.positions, None], self.sin_q[layout.positions, None]  # [T, 1, hd/2]
         q = self._rope(q, cos, sin)
-        self.cache_k[i][start:start + seq] = self._rope(k, cos, sin)
-        self.cache_v[i][start:start + seq] = v.reshape(seq, kv, hd)
-        length, rep = start + seq, heads // kv
-        slots = torch.arange(length, device=self.device)
-        keep = slots[None, :] <= (start + torch.arange(seq, device=self.device))[:, None]  # [T, L]
-        keep = keep.repeat_interleave(rep, dim=0)  # rows t * rep + r, as q_g below
+        self.cache_k[i][layout.slots] = self._rope(k, cos, sin)
+        self.cache_v[i][layout.slots] = v.reshape(seq, kv, hd)
+        length, rep = layout.keep.shape[1], heads // kv
+        keep = layout.keep.repeat_interleave(rep, dim=0)  # rows t * rep + r, as q_g below
         out = []
         for g in range(kv):  # GQA: query heads g*rep .. g*rep+rep-1 read kv head g
             q_g = q[:, g * rep:(g + 1) * rep].reshape(seq * rep, hd)
@@ -181,16 +199,24 @@ class IntegerDraftModel:
     def _forward(self, ids: Tensor, start_pos: int) -> Tensor:
         return self._linear32(self._norm(self.layers(ids, start_pos)[-1:], "norm"), "output")[0]
 
-    def layers(self, ids: Tensor, start_pos: int) -> Tensor:
+    def layers(self, ids: Tensor, start_pos: int, tree: TreeLayout | None = None) -> Tensor:
         """Embedding and every decoder layer: ids [T] -> int32 residual [T, D] (K/V written to the cache)."""
         r = self.embed(ids)
         for i in range(self.config.num_layers):
             p = f"layers.{i}."
-            attn = self._attention(i, self._norm(r, p + "attention_norm"), start_pos)
+            attn = self._attention(i, self._norm(r, p + "attention_norm"), start_pos, tree)
             r = self._residual(r, attn, p + "attention.wo")
             hidden = self._feed_forward(i, self._norm(r, p + "ffn_norm"))
             r = self._residual(r, hidden, p + "feed_forward.w2")
         return r
+
+    def tree_logits(self, ids: Tensor, tree: TreeLayout) -> Tensor:
+        """Feed token-tree rows (`TreeLayout`) -> int32-range logits [T, V] of every row. Integer sums are exact,
+        so a row's attention over its ancestors equals the chain's over the same tokens, bit for bit."""
+        if int(tree.slots.max()) >= self.max_seq_len:
+            raise ValueError("tree slots exceed the cache; call setup_cache with room for the tree")
+        with tf32_matmuls(False):
+            return self._linear32(self._norm(self.layers(ids, 0, tree), "norm"), "output")
 
     def _residual(self, r: Tensor, x: Tensor, name: str) -> Tensor:
         """r + requant32(x @ W): the residual add, saturated to int32."""
