@@ -186,6 +186,27 @@ def test_fpga_draft_device_overlap_is_projected(tiny_pair, tmp_path):
     assert overlap["acceptance"]["output_match_rate"]["value"] == 1.0
 
 
+def test_tree_runs_on_the_speculative_and_fpga_variants(tiny_pair, tmp_path):
+    from dfvg.host.experiments import run_experiments
+
+    raw = tiny_config(tiny_pair, tmp_path, num_runs=1, tree="2,2,1", variants=["baseline", "speculative", "fpga"])
+    summary = json.loads((run_experiments(raw) / "performance_summary.json").read_text())
+    for name in ("speculative", "fpga"):
+        entry = summary["variants"][name]
+        assert entry["acceptance"]["output_match_rate"]["value"] == 1.0, name
+    generations = [json.loads(line) for line in (Path(raw["output_dir"]).glob("*/generations.jsonl").__next__())
+                   .read_text().splitlines()]
+    fpga = [g for g in generations if g["variant"] == "fpga"]
+    assert fpga and all(g["stats"]["num_draft_tokens"] > 3 * g["stats"]["num_verify_steps"] for g in fpga)  # trees,
+    # not the k = 3 chain
+
+
+@pytest.mark.parametrize("extra,message", [({"tree": "dynamic:8"}, "tree dynamic:8 cannot run on the fpga variant"),
+                                           ({"tree": "2,2", "temperature": 0.8}, "with temperature 0.8")])
+def test_fpga_variant_refuses_trees_it_cannot_grow(tiny_pair, tmp_path, extra, message):
+    assert message in refusal(tiny_config(tiny_pair, tmp_path, variants=["baseline", "fpga"], **extra), tmp_path)
+
+
 def test_batched_speculative_matches_baseline(tiny_pair, tmp_path):
     from dfvg.host.experiments import run_experiments
 

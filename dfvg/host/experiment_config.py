@@ -50,7 +50,7 @@ class ExperimentConfig:
     max_new_tokens: int = 64
     draft_length: int = 4
     draft_length_sweep: tuple[int, ...] = ()
-    tree: TreeSpec | None = None  # token trees for the torch draft's sync variants (dfvg.tree_step)
+    tree: TreeSpec | None = None  # token trees for the sync speculative and fpga variants (dfvg.tree_step)
     batch_size: int = 1
     batch_sizes: tuple[int, ...] = ()  # the `batch` variant: plain and speculative at each batch size
     devices: DeviceConfig = field(default_factory=DeviceConfig)
@@ -289,9 +289,21 @@ def build_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None
     if "batch" in cfg.variants and not cfg.batch_sizes:
         raise UserError(f"{source}: variant batch needs batch_sizes, e.g. [1, 4, 16]")
     check_tensor_parallel(cfg)
+    check_fpga_tree(cfg)
     if cfg.batch_sizes and max(cfg.batch_sizes) > cfg.num_prompts:
         raise UserError(f"{source}: batch_sizes {list(cfg.batch_sizes)} needs num_prompts >= {max(cfg.batch_sizes)}")
     return cfg
+
+
+def check_fpga_tree(cfg: ExperimentConfig) -> None:
+    """The fpga variant grows static greedy trees only (`dfvg.fpga.datapath.tree_drafter`): refuse the rest
+    at load, not after the other variants have run."""
+    if cfg.tree is None or "fpga" not in cfg.variants:
+        return
+    if cfg.tree.dynamic or cfg.temperature > 0:
+        what = f"tree {cfg.tree.label()}" if cfg.tree.dynamic else f"tree with temperature {cfg.temperature}"
+        raise UserError(f"{cfg.source}: {what} cannot run on the fpga variant (its datapath grows static greedy "
+                        "trees); use a static shape such as 2,2,1,1 with temperature 0, or drop fpga from variants")
 
 
 def check_tensor_parallel(cfg: ExperimentConfig) -> None:

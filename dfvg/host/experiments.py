@@ -59,7 +59,7 @@ def decode(plan: Plan, ctx: Context, ids: list[int], seed: int,
         if plan.adaptive else None
     timeline = Timeline()
     mode = plan.mode if plan.mode != "ar" else "sync"
-    tree = ctx.cfg.tree if plan.drafter == "torch" and mode == "sync" and adaptive is None else None
+    tree = ctx.cfg.tree if plan.drafter in ("torch", "fpga") and mode == "sync" and adaptive is None else None
     result = ctx.engine.decode(drafter, ids, max_new_tokens or ctx.cfg.max_new_tokens, k=plan.draft_length,
                                eos_ids=ctx.eos_ids, sampling=ctx.sampling, seed=seed, mode=mode,
                                timeline=timeline, adaptive=adaptive, tree=tree)
