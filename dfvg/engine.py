@@ -39,7 +39,7 @@ from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
 from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
-from dfvg.gpu.tree_device import DeviceTreeStep, fits_device_tree, tree_room
+from dfvg.gpu.tree_device import DeviceTreeStep, fits_device_tree, tree_room, tree_shape
 from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.batch import run_batch
 from dfvg.host.pipeline import run_pipeline
@@ -112,10 +112,12 @@ class Engine:
     def context_limit(self) -> int:
         return self.verifier.model.config.max_position_embeddings
 
-    def reserve(self, positions: int, batch: int = 1) -> None:
+    def reserve(self, positions: int, batch: int = 1, drafters: Sequence[Drafter | None] = ()) -> None:
         """Size graph caches for generations of `positions` (a `max_seq_len`; the graph model adds its scratch
         slots) and the target's for `batch` rows, up front: no prompt of the run then reallocates a cache,
-        which would drop and recapture every graph over it."""
+        which would drop and recapture every graph over it. `drafters`: the run's, remembered first."""
+        for drafter in drafters:
+            self._remember(drafter)
         for holder in (self.verifier, *self.drafters):
             if isinstance(holder, (GraphVerifier, GraphDrafter)):
                 holder.min_cache_len = max(holder.min_cache_len, positions)
@@ -216,7 +218,7 @@ class Engine:
         """Greedy trees on graph models replay one captured step (kept, like the chain's); others run eagerly."""
         if not fits_device_tree(self.verifier, drafter, tree, sampling.greedy, prompt_len, k):
             return tree_step(self.verifier, drafter, tree, sampling, seed, k)
-        key = ("tree", id(drafter), tree, k)
+        key = ("tree", id(drafter), tree_shape(tree, k))  # a static tree's shape does not depend on k
         if key not in self.device_steps:
             self.device_steps[key] = DeviceTreeStep(self.verifier, drafter, tree, k)
         return self.device_steps[key]
@@ -245,7 +247,8 @@ class Engine:
         room = tree_room(tree, k_max) if tree is not None else 0
         self.reserve(max_seq_len(len(prompt_ids), max_new_tokens, k_max) + room, batch)
         start = time.perf_counter()
-        warm_prompt = prompt_ids[: max(2, min(len(prompt_ids), 24))]
+        depth = tree_shape(tree, k_max).depth if tree is not None else 0  # the device tree needs depth + 1 tokens
+        warm_prompt = prompt_ids[: max(2, min(len(prompt_ids), max(24, depth + 2)))]
         with self.warming():
             for drafter in drafters:
                 for k in k_values if drafter is not None else [0]:

@@ -5,6 +5,7 @@ interpreter here, the tensor cores on the GPU), and whole trees against plain de
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -142,41 +143,115 @@ def tree_attention_failures(device: str) -> list[str]:
     return failures
 
 
-@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
-def test_tree_attention_equals_the_chain_under_triton_interpreter():
-    code = textwrap.dedent("""
+def slot_write_failures(device: str) -> list[str]:
+    """The QKV launch writes K/V at `slots` (a tree's nodes) exactly what it writes at the positions."""
+    from dfvg.gpu.fused import qkv_rope
+    from tests.test_gpu_fused import small_model
+
+    model = small_model(32, device)
+    model.setup_cache(1, 64)
+    cfg, attn = model.config, model.layers[0].attention
+    dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
+    x = torch.randn(5, cfg.hidden_size).to(device, torch.bfloat16)
+    pos, slots = torch.tensor([20, 21, 21, 22, 22], device=device), torch.tensor([20, 23, 30, 27, 25], device=device)
+    kc, vc = (torch.zeros(64, cfg.num_kv_heads, cfg.head_dim, dtype=torch.bfloat16, device=device) for _ in "kv")
+    weights = (model.layers[0].attention_norm.weight, attn.wqkv.weight, attn.wqkv.bias)
+    failures = []
+    for row in range(5):  # each row alone at its position, then all rows at their slots
+        qkv_rope(x[row:row + 1], *weights, pos[row:row + 1], model.rope_cos, model.rope_sin, kc, vc, dims)
+        want_k, want_v = kc[pos[row]].clone(), vc[pos[row]].clone()
+        qkv_rope(x, *weights, pos, model.rope_cos, model.rope_sin, kc, vc, dims, slots=slots)
+        if not (torch.equal(kc[slots[row]], want_k) and torch.equal(vc[slots[row]], want_v)):
+            failures.append(f"row {row}")
+    return failures
+
+
+def chunked_tree_failures() -> list[str]:
+    """Under the interpreter, with one fused launch cut to 4 rows: a 7-node tree verifies in two chunks, and
+    every row's logits equal one-row fused steps of the same tokens, fed one after another (the chain)."""
+    from dfvg.gpu import fused
+    from dfvg.gpu.graphs import GraphModel
+    from tests.test_gpu_fused import small_model
+
+    fused.MAX_ROWS = 4
+    gm = GraphModel(small_model(32, "cpu"), compile_blocks=False, fused_layers=True)
+    gm.fused, root = True, 11  # the kernels run on CPU tensors in the interpreter
+    gm.ensure_cache(64)
+    tokens = torch.randint(0, 512, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    parents, nodes = [-1, -1, 0, 0, 1, 2, 4], tokens[12:19]
+    chains = [ancestry(parents, i) for i in range(len(parents))]
+    with torch.inference_mode():
+        gm.forward(torch.tensor([tokens[:root]]), torch.arange(root))  # the committed prefix (block path)
+        snapshot = gm.model.kv_storage.clone()
+        slots = [[root] * 3] + [[root + 1 + a for a in c] + [root] * (3 - len(c)) for c in chains]
+        rows = TreeRows(torch.arange(root, root + 8), torch.tensor([root]), torch.tensor(slots))
+        pos = torch.tensor([root] + [root + len(c) for c in chains])
+        got = gm.forward(torch.tensor([[tokens[root], *nodes]]), pos, tree=rows)
+        failures = []
+        for row, chain in enumerate([[]] + chains):
+            gm.model.kv_storage.copy_(snapshot)
+            for step, token in enumerate([tokens[root]] + [nodes[i] for i in chain]):
+                want = gm.forward(torch.tensor([[token]]), torch.tensor([root + step]))
+            if not torch.equal(got[row], want[0]):
+                failures.append(f"row {row}")
+    return failures
+
+
+def ancestry(parents: list[int], node: int) -> list[int]:
+    chain = []
+    while node >= 0:
+        chain, node = [node, *chain], parents[node]
+    return chain
+
+
+def interpreted(call: str) -> str:
+    """stdout of `call` (an expression on this module) under Triton's CPU interpreter, in a subprocess."""
+    code = textwrap.dedent(f"""
         import tests.test_tree_device as t
-        print(len(t.tree_attention_failures("cpu")))
+        print({call})
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=900)
     if proc.returncode and "only 0-dimensional arrays" in proc.stderr:
         pytest.skip("this numpy is too new for Triton's interpreter")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split()[-1] == "0"
+    return proc.stdout.split("\n")[-2]
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
+def test_tree_kernels_equal_the_chain_under_triton_interpreter():
+    assert interpreted("t.tree_attention_failures('cpu') + t.slot_write_failures('cpu')") == "[]"
+    assert interpreted("t.chunked_tree_failures()") == "[]"
 
 
 @pytest.mark.gpu
 def test_tree_attention_equals_the_chain_on_gpu():
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
-    assert tree_attention_failures("cuda") == []
+    assert tree_attention_failures("cuda") == [] and slot_write_failures("cuda") == []
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", ("2,2,1,1", "4,2,1,1", "dynamic:16", "dynamic:40"))
+@pytest.mark.parametrize("spec", ("2,2,1,1", "4,2,1,1", "dynamic:16", "dynamic:40", "4,4,4"))
 def test_bf16_trees_equal_plain_decoding_on_gpu(spec):
     """Random bf16 weights (near-ties everywhere): a tree's output equals plain decoding token for token
-    only if every node row is computed bit for bit as plain decoding computes it (dynamic:40 has 41 rows)."""
+    only if every node row is computed bit for bit as plain decoding computes it (dynamic:40 has 41 rows;
+    4,4,4 has 85, verified in two fused chunks)."""
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
     from tests.test_gpu_fused import small_model
 
-    target, draft = small_model(64, "cuda", layers=3), small_model(64, "cuda", layers=1)
+    target = small_model(64, "cuda", layers=3)
     engine = Engine(GraphVerifier(target, compile_blocks=False, cache_len=512))
-    drafter = GraphDrafter(draft, 512, compile_blocks=False, cache_len=512)
-    assert engine.verifier.gm.fused and drafter.gm.fused
-    for seed in range(3):
-        prompt = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(seed)).tolist()
-        plain = engine.decode(None, prompt, 96, k=0).tokens
-        assert engine.decode(drafter, prompt, 96, k=4, tree=parse_tree_spec(spec)).tokens == plain
+    drafters = [GraphDrafter(model, 512, compile_blocks=False, cache_len=512)
+                for model in (small_model(64, "cuda", layers=1), copy.deepcopy(target))]  # a copy drafts itself
+    assert engine.verifier.gm.fused and all(d.gm.fused for d in drafters)
+    for drafter in drafters:
+        accepted = 0
+        for seed in range(3):
+            prompt = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(seed)).tolist()
+            plain = engine.decode(None, prompt, 96, k=0).tokens
+            result = engine.decode(drafter, prompt, 96, k=4, tree=parse_tree_spec(spec))
+            assert result.tokens == plain
+            accepted += sum(s.num_accepted for s in result.steps)
+    assert accepted > 0  # the self-draft: node rows, not only the root's, were compared

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -71,8 +72,10 @@ class GraphModel:
 
     def forward(self, ids: Tensor, pos: Tensor, last_only: bool = False, tree: TreeRows | None = None) -> Tensor:
         """ids [1, T] long, pos [T] long -> float32 logits [T, V] ([1, V] with last_only). No host sync.
-        tree: the rows are token-tree nodes (`dfvg.gpu.tree_rows`), each in its own cache slot."""
-        if self.fused and ids.shape[1] <= fused.MAX_ROWS:
+        tree: the rows are token-tree nodes (`dfvg.gpu.tree_rows`), each in its own cache slot. A tree of more
+        than `fused.MAX_ROWS` rows still takes the fused layers, in chunks (`_fused_forward`), so every node
+        row stays bit for bit the row plain decoding computes."""
+        if self.fused and (ids.shape[1] <= fused.MAX_ROWS or tree is not None):
             return self._fused_forward(ids, pos, last_only, tree)
         return self._block_forward(ids, pos[None], last_only, tree)[0]
 
@@ -108,16 +111,26 @@ class GraphModel:
             self.model.feed(tokens, 0, last_only=True)
 
     def _fused_forward(self, ids: Tensor, pos: Tensor, last_only: bool, tree: TreeRows | None) -> Tensor:
+        """Fused layers over chunks of `fused.MAX_ROWS` rows, chunk after chunk within each layer: a tree's rows
+        come parents first, so a chunk's ancestors wrote their K/V in this layer before it attends."""
         m = self.model
         x = m.embed(ids)[0]  # [T, D]
         counters = fused.new_counters(x.device)  # one zeroed split-K scratch for every launch of this pass
+        chunks = [(a, min(a + fused.MAX_ROWS, x.shape[0])) for a in range(0, x.shape[0], fused.MAX_ROWS)]
         for layer, w in zip(m.layers, self.weights, strict=True):
             cache = layer.attention.kv_cache
-            x = fused.layer_forward(x, pos, m.rope_cos, m.rope_sin, cache.k[0], cache.v[0], w, self.dims,
-                                    counters, tree)
+            x = by_chunks(chunks, partial(self._fused_layer, x, pos, cache.k[0], cache.v[0], w, counters, tree))
         if last_only:
-            x = x[-1:].contiguous()
-        return fused.logits(m, x, counters)  # the head as a row-invariant launch too (fused module docstring)
+            x, chunks = x[-1:].contiguous(), [(0, 1)]
+        # the head as a row-invariant launch too (fused module docstring)
+        return by_chunks(chunks, lambda a, b: fused.logits(m, x[a:b], counters))
+
+    def _fused_layer(self, x: Tensor, pos: Tensor, k: Tensor, v: Tensor, w: tuple, counters: Tensor,
+                     tree: TreeRows | None, a: int, b: int) -> Tensor:
+        """Rows a..b-1 of one fused layer."""
+        rows = tree.rows(a, b) if tree is not None else None
+        m = self.model
+        return fused.layer_forward(x[a:b], pos[a:b], m.rope_cos, m.rope_sin, k, v, w, self.dims, counters, rows)
 
     def capture(self, key, body: Callable[[], Tensor], warmup: int = 2,
                 before: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph | EagerReplay, Tensor]:
@@ -133,6 +146,12 @@ class GraphModel:
         graph, out = capture_graph(body, self.device, warmup, before)
         self.graphs[key] = (graph, out)
         return graph, out
+
+
+def by_chunks(chunks: list[tuple[int, int]], run: Callable[[int, int], Tensor]) -> Tensor:
+    """run(a, b) for each row chunk, concatenated (one chunk: its output as it is, with no copy)."""
+    outs = [run(a, b) for a, b in chunks]
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def capture_graph(body: Callable[[], Tensor], device: torch.device, warmup: int = 2,

@@ -234,7 +234,7 @@ class DeviceTreeStep:
 def fits_device_tree(verifier: object, drafter: object, spec: TreeSpec, greedy: bool, prompt_len: int,
                      draft_length: int) -> bool:
     """Whether a tree can run as `DeviceTreeStep`: greedy, graph models, and a prompt longer than the tree
-    is deep (the draft catch-up refeeds D + 1 tokens). Trees of more than `fused.MAX_ROWS` - 1 nodes verify
-    on the block path (not bit-identical to plain decoding on a GPU)."""
+    is deep (the draft catch-up refeeds D + 1 tokens). Any tree size: more rows than one fused launch takes
+    run in chunks (`GraphModel._fused_forward`)."""
     graphs = isinstance(verifier, GraphVerifier) and isinstance(drafter, GraphDrafter)
     return greedy and graphs and prompt_len > tree_shape(spec, draft_length).depth >= 1

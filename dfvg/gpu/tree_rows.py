@@ -24,6 +24,10 @@ class TreeRows:
     root: Tensor  # [1] long: position (= slot) of the last committed token
     ancestors: Tensor  # [T, D] long: slots of each row's ancestors at depths 1..D (self at its own depth)
 
+    def rows(self, start: int, end: int) -> TreeRows:
+        """Rows start..end-1 of the layout (a chunk of a tree bigger than one fused launch takes)."""
+        return TreeRows(self.slots[start:end], self.root, self.ancestors[start:end])
+
     def mask(self, cache_len: int) -> Tensor:
         """Bool [T, cache_len]: row t sees the committed slots and its ancestors' slots (the block path)."""
         committed = torch.arange(cache_len, device=self.slots.device) <= self.root

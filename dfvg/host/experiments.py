@@ -120,7 +120,8 @@ def reserve(plans_: list[Plan], ctx: Context) -> list[int]:
     longest = max(ctx.prompts, key=lambda p: len(p["ids"]))["ids"]
     k = max(largest_k(plans_, ctx))
     room = tree_room(ctx.cfg.tree, k) if ctx.cfg.tree is not None else 0
-    ctx.engine.reserve(max_seq_len(len(longest), ctx.cfg.max_new_tokens, k) + room, max_batch_size(ctx.cfg))
+    ctx.engine.reserve(max_seq_len(len(longest), ctx.cfg.max_new_tokens, k) + room, max_batch_size(ctx.cfg),
+                       [drafter_of(plan, ctx) for plan in plans_])
     return longest
 
 
