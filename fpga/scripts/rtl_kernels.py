@@ -67,6 +67,10 @@ KERNELS = {
         "top": "swiglu", "rtl": ["silu_lut.v", "requant.v", "swiglu.v"], "files": {"LUT_FILE": "silu.hex"},
         "sim": {"W": 16}, "synth": {"W": 16},
     },
+    "topk_stream": {  # a token tree node's children: the K best logits, lower index first on ties
+        "top": "topk_stream", "rtl": ["topk_stream.v"],
+        "sim": {"K": 4, "VAL_W": 32, "IDX_W": 16}, "synth": {"K": 8, "VAL_W": 32, "IDX_W": 18}, "vectors": 1000,
+    },
 }
 
 

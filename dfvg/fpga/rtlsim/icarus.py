@@ -30,6 +30,7 @@ BENCHES = {
     "softmax": ("tb_vector", "SOFTMAX", ["delay_ram.v", "softmax_exp.v", "softmax_norm.v", "softmax_row.v"]),
     "rope": ("tb_vector", "ROPE", ["rope.v"]),
     "swiglu": ("tb_vector", "SWIGLU", ["silu_lut.v", "requant.v", "swiglu.v"]),
+    "topk": ("tb_topk", None, ["topk_stream.v"]),
 }
 
 

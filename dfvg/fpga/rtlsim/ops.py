@@ -163,3 +163,16 @@ def swiglu(sim: Icarus, op: str, gate, up, table, mult_shift: tuple[int, int], t
     out = sim.run(op, "swiglu", {"W": t.lanes, "LUT_FILE": lut},
                   {"beats": rows * i_pad // t.lanes, "mult": mult_shift[0], "shift": mult_shift[1]}, beats)
     return lanes(out["Y"], 8).reshape(rows, i_pad)[:, :inter]
+
+
+def topk(sim: Icarus, op: str, x, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """int32 rows [R, N] -> (indices [R, k], values [R, k]) from topk_stream: `fp.topk_lowest(x, k)` and the
+    values it picks, largest first, the lower index first on ties. One value per beat, rows back to back."""
+    x = as_np(x)
+    rows, n = x.shape
+    if n < k:
+        raise ValueError(f"topk: a row of {n} entries has no {k} best")
+    out = sim.run(op, "topk", {"K": k, "IDX_W": max(1, (n - 1).bit_length())},
+                  {"beats": rows * n, "n": n}, records((x.reshape(-1, 1), "<i4")))
+    ranked = np.array([[int(f) for f in line.split()] for line in out["T"]], dtype=np.int64).reshape(rows, k, 3)
+    return ranked[..., 1], ranked[..., 2]
