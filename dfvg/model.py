@@ -112,13 +112,13 @@ class RMSNorm(nn.Module):
 
 
 class KVCache(nn.Module):
-    """Static K/V storage [B, S, kv_heads, hd], written at absolute positions: one layer's views of the
-    model's `kv_storage`."""
+    """Static K/V storage [B, S, kv_heads, hd], written at absolute positions."""
 
-    def __init__(self, k: Tensor, v: Tensor):
+    def __init__(self, batch: int, max_seq_len: int, kv_heads: int, head_dim: int, dtype, device):
         super().__init__()
-        self.register_buffer("k", k, persistent=False)
-        self.register_buffer("v", v, persistent=False)
+        shape = (batch, max_seq_len, kv_heads, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
     def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write k/v [B, T, kv, hd] at input_pos [B, T]; return the cache of those B rows [B, S, kv, hd]."""
@@ -218,12 +218,10 @@ class Transformer(nn.Module):
             return
         weight = self.tok_embeddings.weight
         cfg = self.config
-        # One tensor [2, layers, B, S, kv_heads, hd] for every layer's K and V, so that moving slots (a token
-        # tree's compaction, `dfvg.tree.compact_cache`) is one gather and one scatter, not two per layer.
-        shape = (2, len(self.layers), batch_size, max_seq_len, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_storage = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-        for i, layer in enumerate(self.layers):
-            layer.attention.kv_cache = KVCache(self.kv_storage[0, i], self.kv_storage[1, i])
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(
+                batch_size, max_seq_len, cfg.num_kv_heads, cfg.head_dim, weight.dtype, weight.device
+            )
         cos, sin = rope_table(cfg, max_seq_len, weight.device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

@@ -144,13 +144,10 @@ def compact_cache(model: Transformer, sources: list[int], first_dest: int) -> No
     device = model.tok_embeddings.weight.device
     src = torch.tensor(sources, device=device)
     dest = torch.arange(first_dest, first_dest + len(sources), device=device)
-    move_slots(model, src, dest)
-
-
-def move_slots(model: Transformer, src: Tensor, dest: Tensor) -> None:
-    """K/V of every layer and row at cache slots src -> slots dest, in one gather and one scatter over the
-    model's `kv_storage` [2, layers, B, S, kv, hd] (the gather copies first, so overlapping moves are safe)."""
-    model.kv_storage.index_copy_(3, dest, model.kv_storage.index_select(3, src))
+    for layer in model.layers:
+        cache = layer.attention.kv_cache
+        cache.k[:, dest] = cache.k[:, src]
+        cache.v[:, dest] = cache.v[:, src]
 
 
 def accept_tree(tokens: list[int], parents: list[int], draft_probs: Tensor | None, target_probs: Tensor,
