@@ -182,14 +182,17 @@ def chunked_tree_failures() -> list[str]:
     chains = [ancestry(parents, i) for i in range(len(parents))]
     with torch.inference_mode():
         gm.forward(torch.tensor([tokens[:root]]), torch.arange(root))  # the committed prefix (block path)
-        snapshot = gm.model.kv_storage.clone()
+        caches = [layer.attention.kv_cache for layer in gm.model.layers]
+        snapshot = [(cache.k.clone(), cache.v.clone()) for cache in caches]
         slots = [[root] * 3] + [[root + 1 + a for a in c] + [root] * (3 - len(c)) for c in chains]
         rows = TreeRows(torch.arange(root, root + 8), torch.tensor([root]), torch.tensor(slots))
         pos = torch.tensor([root] + [root + len(c) for c in chains])
         got = gm.forward(torch.tensor([[tokens[root], *nodes]]), pos, tree=rows)
         failures = []
         for row, chain in enumerate([[]] + chains):
-            gm.model.kv_storage.copy_(snapshot)
+            for cache, (k, v) in zip(caches, snapshot, strict=True):
+                cache.k.copy_(k)
+                cache.v.copy_(v)
             for step, token in enumerate([tokens[root]] + [nodes[i] for i in chain]):
                 want = gm.forward(torch.tensor([[token]]), torch.tensor([root + step]))
             if not torch.equal(got[row], want[0]):
