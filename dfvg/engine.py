@@ -255,9 +255,9 @@ class Engine:
                     self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2), k=k,
                                 tree=tree if drafter is not None else None)
         if isinstance(self.verifier, GraphVerifier):
-            self.verifier.prepare(max(k_values, default=0) + 1)
+            self.verifier.prepare(k_max + 1)
         for drafter in self.drafters:
             if isinstance(drafter, GraphDrafter):
-                drafter.prepare(max(k_values, default=0) + 1)  # overlap drafts k + 1 (the bonus guess first)
+                drafter.prepare(k_max + 1)  # overlap drafts k + 1 (the bonus guess first)
         synchronize(self.verifier.device)
         return time.perf_counter() - start

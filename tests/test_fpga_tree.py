@@ -16,7 +16,7 @@ from dfvg.engine import Engine
 from dfvg.errors import UserError
 from dfvg.fpga.datapath.drafter import FpgaDrafter, draft_block
 from dfvg.fpga.datapath.fixed_point import argmax_lowest, topk_lowest
-from dfvg.fpga.datapath.tree_drafter import DatapathTreeDrafter, ancestors
+from dfvg.fpga.datapath.tree_drafter import DatapathTreeDrafter
 from dfvg.generate import generate
 from dfvg.sampling import SamplingParams
 from dfvg.tree import TreeSpec, parse_tree_spec
@@ -36,6 +36,14 @@ def test_topk_lowest_ranks_values_then_lower_indices():
     assert topk_lowest(torch.tensor([-(2**31), 2**31 - 1, 0]), 2).tolist() == [1, 2]  # the int32 logit range
     with pytest.raises(ValueError):
         topk_lowest(torch.tensor([0.5, 1.5]), 1)
+
+
+def ancestors(parents: list[int], node: int) -> list[int]:
+    """Node indices from depth 1 down to `node` itself: parents [-1, -1, 0], node 2 -> [0, 2]."""
+    chain = []
+    while node >= 0:
+        chain, node = [node, *chain], parents[node]
+    return chain
 
 
 def test_ancestors_walk_from_depth_one_to_the_node():

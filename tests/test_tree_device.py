@@ -171,6 +171,7 @@ def chunked_tree_failures() -> list[str]:
     every row's logits equal one-row fused steps of the same tokens, fed one after another (the chain)."""
     from dfvg.gpu import fused
     from dfvg.gpu.graphs import GraphModel
+    from tests.test_fpga_tree import ancestors
     from tests.test_gpu_fused import small_model
 
     fused.MAX_ROWS = 4
@@ -179,7 +180,7 @@ def chunked_tree_failures() -> list[str]:
     gm.ensure_cache(64)
     tokens = torch.randint(0, 512, (20,), generator=torch.Generator().manual_seed(3)).tolist()
     parents, nodes = [-1, -1, 0, 0, 1, 2, 4], tokens[12:19]
-    chains = [ancestry(parents, i) for i in range(len(parents))]
+    chains = [ancestors(parents, i) for i in range(len(parents))]
     with torch.inference_mode():
         gm.forward(torch.tensor([tokens[:root]]), torch.arange(root))  # the committed prefix (block path)
         caches = [layer.attention.kv_cache for layer in gm.model.layers]
@@ -198,13 +199,6 @@ def chunked_tree_failures() -> list[str]:
             if not torch.equal(got[row], want[0]):
                 failures.append(f"row {row}")
     return failures
-
-
-def ancestry(parents: list[int], node: int) -> list[int]:
-    chain = []
-    while node >= 0:
-        chain, node = [node, *chain], parents[node]
-    return chain
 
 
 def interpreted(call: str) -> str:

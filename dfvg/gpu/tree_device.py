@@ -204,7 +204,7 @@ class DeviceTreeStep:
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
         """Caches with room for the candidates past the sequence; the graph (captured on first use, its
         warm-up writing the start of the caches); then both prompts and the step's state."""
-        room = max_seq_len + self.shape.candidates + 1  # = tree_room past the sequence
+        room = max_seq_len + self.shape.candidates + 1  # the loop's max_seq_len already counts the depth
         for holder in (self.verifier, self.drafter):
             holder.gm.ensure_cache(max(room, holder.min_cache_len))
         if self.graph is None or self._cache_ids != self._cache_key():

@@ -24,7 +24,7 @@ from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.fpga.datapath.fixed_point import topk_lowest
 from dfvg.fpga.datapath.integer_model import TreeLayout
 from dfvg.sampling import SamplingParams
-from dfvg.tree import DraftTree, TreeSpec
+from dfvg.tree import DraftTree, TreeSpec, tree_inputs
 
 
 class DatapathTreeDrafter:
@@ -71,18 +71,11 @@ class DatapathTreeDrafter:
 
     def _feed(self, tokens: list[int], parents: list[int], frontier: list[int]) -> torch.Tensor:
         """Feed the frontier nodes at their tree slots (root + 1 + index), positions root + depth, each seeing
-        the committed slots and its ancestors; their logits [F, V]."""
-        root, dev = self.root_pos, self.device
-        keep = torch.zeros(len(frontier), root + 1 + len(tokens), dtype=torch.bool, device=dev)
-        keep[:, : root + 1] = True
-        depths = []
-        for row, node in enumerate(frontier):
-            chain = ancestors(parents, node)
-            keep[row, [root + 1 + i for i in chain]] = True
-            depths.append(len(chain))
-        layout = TreeLayout(torch.tensor([root + d for d in depths], device=dev),
-                            torch.tensor([root + 1 + i for i in frontier], device=dev), keep)
-        ids = torch.tensor([tokens[i] for i in frontier], dtype=torch.long, device=dev)
+        the committed slots and its ancestors (`dfvg.tree.tree_inputs`, as `TreeDrafter` feeds); logits [F, V]."""
+        positions, slots, mask = tree_inputs(self.root_pos, parents, self.root_pos + 1 + len(tokens), self.device)
+        rows = torch.tensor([1 + i for i in frontier], device=self.device)
+        layout = TreeLayout(positions[0, rows], slots[0, rows], mask[0, 0, rows])
+        ids = torch.tensor([tokens[i] for i in frontier], dtype=torch.long, device=self.device)
         return self.model.tree_logits(ids, layout)
 
     def accept(self, path: list[int]) -> None:
@@ -99,11 +92,3 @@ class DatapathTreeDrafter:
     def _fed_prefix(self, path: list[int]) -> int:
         return next((i for i, node in enumerate(path) if node >= self.fed_nodes), len(path))
 
-
-def ancestors(parents: list[int], node: int) -> list[int]:
-    """Node indices from depth 1 down to `node` itself: parents [-1, -1, 0], node 2 -> [0, 2]."""
-    chain = []
-    while node >= 0:
-        chain.append(node)
-        node = parents[node]
-    return chain[::-1]
