@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_rows.py --out $OUT                 # on the H200: writes gpu_rows.json (+ .png)
     python benchmarks/gpu_rows.py --sweep --out $OUT         # first sweep block sizes per weight shape
+    python benchmarks/gpu_rows.py --modes-only --out $OUT    # only the launch-mode comparison (5.)
 
 Random bf16 weights of the Qwen2.5-Coder-1.5B target's exact shapes (timing and bit-invariance depend on
 the shapes only; token-level results are gpu_speed.py's). Each row is the product's own code path:
@@ -9,13 +10,17 @@ the shapes only; token-level results are gpu_speed.py's). Each row is the produc
 by CUDA events around replays (medians). What it measures:
 
 1. `--sweep`: each weight shape's launch alone (28 copies in one graph, so L2 never holds the matrix) over
-   block sizes, at T = 1 and T = 5; the best (sum of both) goes into `fused.TUNED` for the rest of the run
+   block sizes, at T = 1 and T = 5; the best (sum of both) goes into `block_sizes.TUNED` for the rest of the run
    and into tuned.json (gpu_speed.py --tuned applies it to the real pair);
 2. the whole target step at T = 1 .. 64 rows at 512, 2k, 8k and 32k tokens of context: ms, the ratio to
    T = 1 at the same context, and the bytes streamed (weights + the K/V cache read) per second;
 3. cuBLAS GEMMs of the same weight shapes for 1 / 5 / 16 / 64 rows in one graph (the physics beside it);
 4. batch invariance on the whole model: logits of a T-row step against T one-row steps from the same
-   cache, bit for bit (`rows_identical` per T).
+   cache, bit for bit (`rows_identical` per T);
+5. launch modes side by side: the T = 1 / 5 / 16 step without programmatic dependent launch, with it
+   (`decode_attention.PDL`), and with it and the sweep's block sizes, timed in alternating rounds; whether
+   every mode's logits equal the first mode's bit for bit;
+   the faster block-size table on the whole step (fastest_tuned.json) is the one the rest of the run uses.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.gpu_decode import SHAPES, graph_of, random_model, rotating  # noqa: E402
 from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
-from dfvg.gpu import fused  # noqa: E402
+from dfvg.gpu import block_sizes, decode_attention, fused  # noqa: E402
 from dfvg.gpu.graphs import GraphModel, capture_graph  # noqa: E402
 
 ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 32, 64)
@@ -55,7 +60,7 @@ def sweep_grid(n: int, k: int, norm: bool) -> list[dict]:
     return [{"BN": bn, "BK": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
             for bn in (16, 32, 64) for bk in (128, 256) for split in (1, 2, 4, 8) for warps in (4, 8)
             for stages in (3, 4)
-            if (split == 1 or (-(-n // bn) < 528 and (split <= 4 or not norm))) and k // split >= bk]
+            if (split == 1 or (-(-n // bn) * split <= 2400 and (split <= 4 or not norm))) and k // split >= bk]
 
 
 def launch_of(cfg, name: str, n: int, k: int, opts: dict, rows: int):
@@ -86,7 +91,7 @@ def time_launch(launch, weights: list, config: dict | None) -> float | None:
 
 
 def sweep(cfg) -> list[dict]:
-    """Every shape x config at T = 1 and 5; the best by the sum goes into fused.TUNED."""
+    """Every shape x config at T = 1 and 5; the best by the sum goes into block_sizes.TUNED."""
     results = []
     for name, (n, k, opts) in shapes(cfg).items():
         rows_n = 2 * n if opts.get("swiglu") else n
@@ -102,7 +107,7 @@ def sweep(cfg) -> list[dict]:
                                 "TB_s_T1": rows_n * k * 2 / us[1] / 1e6})
         mine = [r for r in results if r["shape"] == name]
         best = min(mine, key=lambda r: r["us_T1"] + r["us_T5"])
-        fused.apply_tuned([[n, k, best["config"]]])
+        block_sizes.apply_tuned([[n, k, best["config"]]])
         best["best"] = True
         print(f"  {name:8s} {n}x{k}: best {best['config']} T=1 {best['us_T1']:.1f} us ({best['TB_s_T1']:.2f} "
               f"TB/s), T=5 {best['us_T5']:.1f} us", flush=True)
@@ -173,6 +178,56 @@ def invariance(gm: GraphModel, context: int = 600) -> list[dict]:
     return out
 
 
+def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None = None, context: int = 512,
+                 rounds: int = 5) -> list[dict]:
+    """ms per step of each (mode, T), the median over alternating rounds (so drift hits every mode alike), and
+    whether the mode's logits equal the first mode's (PDL changes when a launch starts, never what it does;
+    other block sizes may change the sums). Modes: PDL off / on with the block sizes of tables["shipped"],
+    then PDL with each other table (e.g. this run's sweep)."""
+    vocab = gm.model.config.vocab_size
+    modes = {"no PDL": (False, "shipped"), "PDL": (True, "shipped")}
+    modes |= {f"PDL, {name} block sizes": (True, name) for name in tables if name != "shipped"}
+    modes = {name: mode for name, mode in modes.items() if not only or name in only}
+    graphs = {}
+    for mode, (pdl, table) in modes.items():
+        decode_attention.PDL = pdl
+        block_sizes.TUNED.clear()
+        block_sizes.apply_tuned(tables[table])
+        for rows in (1, 5, 16):
+            torch.manual_seed(rows)
+            ids = torch.randint(0, vocab, (1, rows), device="cuda")
+            pos = torch.arange(context - rows, context, device="cuda")
+            graph, out = capture_graph(lambda ids=ids, pos=pos: gm.forward(ids, pos), gm.device)
+            graphs[mode, rows] = graph, out, (ids, pos)  # the graph reads ids and pos: they must outlive it
+    decode_attention.PDL = True
+    times: dict = {key: [] for key in graphs}
+    for _ in range(rounds):
+        for key, (graph, _out, _inputs) in graphs.items():
+            times[key].append(cuda_median_ms(graph.replay, 10))
+    first = next(iter(modes))
+    out = []
+    for (mode, rows), (graph, logits, _inputs) in graphs.items():
+        graph.replay()
+        reference_graph, reference, _ = graphs[first, rows]
+        reference_graph.replay()  # (same tokens and positions: the cache holds the same K/V after either)
+        ms, base = sorted(times[mode, rows])[rounds // 2], sorted(times[first, rows])[rounds // 2]
+        out.append({"mode": mode, "block_sizes": modes[mode][1], "T": rows, "context": context, "ms": ms,
+                    "ratio_to_no_pdl": ms / base, "logits_identical_to_no_pdl": bool(torch.equal(logits, reference))})
+        print(f"  {mode:50s} T={rows:2d}: {ms:.3f} ms ({ms / base:.3f}x no PDL), logits identical: "
+              f"{out[-1]['logits_identical_to_no_pdl']}", flush=True)
+    return out
+
+
+def fastest_table(modes: list[dict]) -> str:
+    """The block-size table of the mode whose step is fastest at T = 1 + T = 5 (the whole step decides)."""
+    cost: dict = {}
+    for r in modes:
+        if r["T"] in (1, 5):
+            cost[r["mode"]] = cost.get(r["mode"], 0.0) + r["ms"]
+    best = min(cost, key=cost.get)
+    return next(r["block_sizes"] for r in modes if r["mode"] == best)
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -197,6 +252,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=".")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply instead of sweeping")
+    p.add_argument("--modes-only", action="store_true", help="only the launch-mode comparison")
+    p.add_argument("--modes", default="", help="comma-separated launch modes to run (default: all)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gpu_rows.py needs a CUDA GPU (this machine has none)")
@@ -205,17 +262,29 @@ def main(argv=None) -> None:
     cfg = SHAPES["qwen2.5-coder-1.5b"]
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
               "provenance": "measured"}
+    tables = {"shipped": block_sizes.tuned_rows()}
     if args.tuned:
-        fused.apply_tuned(json.loads(Path(args.tuned).read_text()))
+        block_sizes.apply_tuned(json.loads(Path(args.tuned).read_text()))
+        tables["given"] = block_sizes.tuned_rows()
     if args.sweep:
         result["sweep"] = sweep(cfg)
-        (out / "tuned.json").write_text(json.dumps(fused.tuned_rows()))
-    result["tuned"] = fused.tuned_rows()
+        (out / "tuned.json").write_text(json.dumps(block_sizes.tuned_rows()))
+        tables["swept"] = block_sizes.tuned_rows()
     model = random_model(cfg)
     gm = GraphModel(model, compile_blocks=False, fused_layers=True)
     gm.ensure_cache(max(CONTEXTS) + max(ROWS))
     weight_bytes = sum(p.numel() * 2 for n, p in model.named_parameters() if n != "tok_embeddings.weight")
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    result["launch_modes"] = launch_modes(gm, tables, [m for m in args.modes.split(",") if m])
+    result["fastest_block_sizes"] = fastest = fastest_table(result["launch_modes"])
+    block_sizes.TUNED.clear()
+    block_sizes.apply_tuned(tables[fastest])
+    result["tuned"] = block_sizes.tuned_rows()
+    (out / "fastest_tuned.json").write_text(json.dumps(tables[fastest]))
+    print(f"  fastest whole step: {fastest} block sizes (fastest_tuned.json)", flush=True)
+    if args.modes_only:
+        (out / "gpu_rows.json").write_text(json.dumps(result, indent=1))
+        return
     result |= {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
                "floor_ms": weight_bytes / (COPY_TB_S * 1e12) * 1e3, "invariance": invariance(gm),
                "steps": step_times(gm, weight_bytes, kv_per_token), "cublas": cublas_times(cfg)}

@@ -39,7 +39,7 @@ from benchmarks import llama_cpp_peer  # noqa: E402
 from benchmarks.gpu_report import report  # noqa: E402
 from dfvg.checkpoint import config_from_dict, convert_state_dict  # noqa: E402
 from dfvg.errors import UserError  # noqa: E402
-from dfvg.gpu.fused import tuned_rows  # noqa: E402
+from dfvg.gpu.block_sizes import tuned_rows  # noqa: E402
 from dfvg.model import Transformer  # noqa: E402
 from dfvg.tree import TreeSpec, parse_tree_spec  # noqa: E402
 
@@ -299,15 +299,15 @@ def main(argv=None) -> int:
         write_prompts(args.write_prompts)
         return 0
     if args.tuned:
-        from dfvg.gpu import fused
+        from dfvg.gpu import block_sizes
 
         if not Path(args.tuned).is_file():
             print(f"error: --tuned {args.tuned}: no such file (benchmarks/gpu_rows.py --sweep writes tuned.json)",
                   file=sys.stderr)
             return 2
 
-        fused.apply_tuned(json.loads(Path(args.tuned).read_text()))
-        print(f"fused block sizes from {args.tuned}: {len(fused.TUNED)} shapes", flush=True)
+        block_sizes.apply_tuned(json.loads(Path(args.tuned).read_text()))
+        print(f"fused block sizes from {args.tuned}: {len(block_sizes.TUNED)} shapes", flush=True)
     phases = args.phases.split(",")
     if "llama_cpp" in phases and (why := llama_cpp_peer.refusal(args)):
         print(why, file=sys.stderr)

@@ -41,22 +41,22 @@ def test_report_ratios_and_goals(tmp_path):
 
 
 def test_tiny_benchmark_applies_the_sweeps_block_sizes_and_runs_every_kernel_choice(tmp_path):
-    """gpu_speed.py end to end on the tiny CPU pair: --tuned lands in fused.TUNED and in every phase file;
+    """gpu_speed.py end to end on the tiny CPU pair: --tuned lands in block_sizes.TUNED and in every phase file;
     the dfvg phase has a row per kernel choice and the FPGA phase its sync and overlap rows."""
     from benchmarks.gpu_speed import main
-    from dfvg.gpu import fused
+    from dfvg.gpu import block_sizes
 
     tuned = tmp_path / "tuned.json"
     tuned.write_text(json.dumps([[123, 456, {"BN": 16, "BK": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}]]))
-    before = dict(fused.TUNED)
+    before = dict(block_sizes.TUNED)
     try:
         main(["--tiny", "--device", "cpu", "--tuned", str(tuned), "--phases", "dfvg,fpga", "--ks", "2",
               "--fpga-ks", "2", "--max-new-tokens", "6", "--prompts", "2", "--results", str(tmp_path / "res"),
               "--work-dir", str(tmp_path / "w")])
-        assert fused.TUNED[(123, 456)]["BN"] == 16
+        assert block_sizes.TUNED[(123, 456)]["BN"] == 16
     finally:
-        fused.TUNED.clear()
-        fused.TUNED.update(before)
+        block_sizes.TUNED.clear()
+        block_sizes.TUNED.update(before)
     dfvg = json.loads((tmp_path / "res" / "dfvg.json").read_text())
     assert {"dfvg_plain", "dfvg_spec_k2", "dfvg_compiled_plain", "dfvg_eager_plain"} <= set(dfvg)
     for tree in ("dfvg_tree_2-2-1-1", "dfvg_tree_4-2-1-1", "dfvg_tree_dynamic16"):  # --trees' default shapes

@@ -144,21 +144,21 @@ def test_fused_rmsnorm_linear_under_triton_interpreter():
 
 def test_block_sizes_depend_on_the_weight_shape_only():
     """Block sizes that changed with the row count would change the summation order (batch invariance)."""
-    from dfvg.gpu import fused
+    from dfvg.gpu import block_sizes
 
-    before = dict(fused.TUNED)
+    before = dict(block_sizes.TUNED)
     try:
-        fused.TUNED.clear()
-        fused.apply_tuned([[8960, 1536, {"BN": 32, "BK": 256, "SPLIT_K": 2, "num_warps": 8, "num_stages": 4}]])
-        assert fused.linear_config(8960, 1536)["BK"] == 256
-        assert fused.tuned_rows() == [[8960, 1536, fused.TUNED[(8960, 1536)]]]
-        small, wide = fused.linear_config(1536, 1536), fused.linear_config(151936, 1536)
+        block_sizes.TUNED.clear()
+        block_sizes.apply_tuned([[8960, 1536, {"BN": 32, "BK": 256, "SPLIT_K": 2, "num_warps": 8, "num_stages": 4}]])
+        assert block_sizes.linear_config(8960, 1536)["BK"] == 256
+        assert block_sizes.tuned_rows() == [[8960, 1536, block_sizes.TUNED[(8960, 1536)]]]
+        small, wide = block_sizes.linear_config(1536, 1536), block_sizes.linear_config(151936, 1536)
         assert small["BN"] >= 16 and wide["BN"] >= 16  # tensor-core tiles need 16 weight rows
         # a small N splits K so that the launch still has ~2 programs per SM; a wide one does not split
         assert -(-1536 // small["BN"]) * small["SPLIT_K"] >= 264 and wide["SPLIT_K"] == 1
     finally:
-        fused.TUNED.clear()
-        fused.TUNED.update(before)
+        block_sizes.TUNED.clear()
+        block_sizes.TUNED.update(before)
 
 
 def invariance_failures(device: str, max_rows: int, splits=(1, 3)) -> list[str]:
@@ -202,6 +202,37 @@ def test_rows_are_bit_identical_to_one_row_steps_on_gpu():
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
     assert invariance_failures("cuda", 64, splits=(1, 2, 3, 8)) == []
+
+
+@pytest.mark.gpu
+def test_programmatic_dependent_launch_changes_no_bit_on_gpu():
+    """PDL lets a launch start while the one before it still runs; a read before griddepcontrol.wait would see
+    stale activations, caches or split-K counters. The graphed forward with PDL must equal the forward
+    without it bit for bit, over two replays (the second reuses the counters)."""
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    from dfvg.gpu import decode_attention
+    from dfvg.gpu.graphs import GraphModel, capture_graph
+
+    gm = GraphModel(small_model(64, "cuda", layers=4), compile_blocks=False)
+    gm.ensure_cache(256)
+    ids = torch.randint(0, 512, (1, 5), device="cuda")
+    pos = torch.arange(100, 105, device="cuda")
+    outs = []
+    try:
+        for pdl in (False, True):
+            decode_attention.PDL = pdl
+            graph, out = capture_graph(lambda: gm.forward(ids, pos), gm.device)
+            graph.replay()
+            graph.replay()
+            torch.cuda.synchronize()
+            outs.append(out.clone())
+    finally:
+        decode_attention.PDL = True
+    assert torch.equal(outs[0], outs[1])
+    assert outs[0].abs().sum() > 0
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")

@@ -27,6 +27,17 @@ from dfvg.gpu.kernels import HAVE_TRITON
 # rounds float32 -> bf16 toward zero, not to nearest: errors measured under it are ~2x a GPU's.)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
+# Programmatic dependent launch (Hopper and later): each fused launch (attention here, the GEMVs in fused.py)
+# is set up while the one before it drains and waits in griddepcontrol.wait before it touches anything that
+# launch wrote, so the gaps between a step's ~170 small launches shrink: -1.4 % per 1.5B step on the H200,
+# logits bit-identical (benchmarks/RESULTS.md, 2026-12-04 evening). Benchmarks set it False to compare.
+PDL = not INTERPRETED
+
+
+def pdl_on(device: torch.device) -> bool:
+    """Whether launches on `device` use programmatic dependent launch (PDL and an sm_90+ GPU)."""
+    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
 if HAVE_TRITON:
     import triton
     import triton.language as tl
@@ -37,6 +48,16 @@ if HAVE_TRITON:
         if F32:
             return tl.dot(a.to(tl.float32), b.to(tl.float32))
         return tl.dot(a, b)
+
+    @triton.jit
+    def _after_previous_launch(PDL: tl.constexpr):
+        """Under programmatic dependent launch this program may start before the previous launch has finished:
+        wait until it has and its writes are visible (before any read or write of activations, caches or
+        counters). No explicit trigger: a program that exits counts as one, so the next launch starts as this
+        one drains (an early trigger, right after the wait, measured slower: dependents' programs then take
+        SM slots while they wait)."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
 
     @triton.jit
     def _source_slots(s, t, pos, root_ptr, anc_ptr, TREE: tl.constexpr, DEPTH: tl.constexpr):
@@ -52,7 +73,7 @@ if HAVE_TRITON:
     def _attention_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, root_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, rows,
                                 scale, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
                                 F32: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, TREE: tl.constexpr,
-                                DEPTH: tl.constexpr):
+                                DEPTH: tl.constexpr, PDL: tl.constexpr):
         """Program (kv head, split, token t): the GROUP query heads of token t (tile rows 0..GROUP-1, padded
         to BM) against sequence positions split*BS.. of those <= pos[t]; writes their partial softmax states.
 
@@ -61,6 +82,7 @@ if HAVE_TRITON:
         positions past the root read the slots of token t's ancestors (`_source_slots`): a tree node then
         computes exactly what the same token computes on a chain, where its ancestors sit at those positions."""
         GROUP: tl.constexpr = HEADS // KV_HEADS
+        _after_previous_launch(PDL)
         kv = tl.program_id(0)
         split = tl.program_id(1)
         t = tl.program_id(2)
@@ -89,12 +111,13 @@ if HAVE_TRITON:
     @triton.jit(do_not_specialize=["rows"])
     def _attention_combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
                                   KV_HEADS: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
-                                  NS: tl.constexpr, BD: tl.constexpr):
+                                  NS: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr):
         """Program (head, row, BD columns): merge the live splits' (m, l, acc) of one query row -> out
         [rows, HEADS*HD]. Columns in separate programs so a 32k context (512 splits) is not a few long
         serial loops. Splits past the row's own position hold m = -inf and add exact zeros, so the sum is
         the one a T = 1 step makes."""
         GROUP: tl.constexpr = HEADS // KV_HEADS
+        _after_previous_launch(PDL)
         head = tl.program_id(0)
         t = tl.program_id(1)
         kv = head // GROUP
@@ -140,14 +163,16 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
     l_sum = torch.empty_like(m)
     acc = torch.empty(splits, kv_heads, rows, TILE, hd, dtype=torch.float32, device=q.device)
     root, anc = tree if tree is not None else (pos, pos)
+    pdl = pdl_on(q.device)
     _attention_split_kernel[(kv_heads, splits, rows)](q, kc, vc, pos, root, anc, m, l_sum, acc, rows,
                                                       1.0 / math.sqrt(hd), HEADS=heads, KV_HEADS=kv_heads, HD=hd,
                                                       F32=INTERPRETED, BM=TILE, BS=ATTENTION_SPLIT,
                                                       TREE=tree is not None, DEPTH=anc.shape[-1] if tree else 1,
-                                                      num_warps=4)
+                                                      PDL=pdl, num_warps=4, launch_pdl=pdl)
     out = torch.empty_like(q)
     block_d = min(hd, 32)
     _attention_combine_kernel[(heads, rows, hd // block_d)](pos, m, l_sum, acc, out, rows, HEADS=heads,
                                                             KV_HEADS=kv_heads, HD=hd, BM=TILE, BS=ATTENTION_SPLIT,
-                                                            NS=64, BD=block_d, num_warps=4)
+                                                            NS=64, BD=block_d, PDL=pdl, num_warps=4,
+                                                            launch_pdl=pdl)
     return out

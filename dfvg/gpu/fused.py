@@ -22,7 +22,7 @@ every row count runs the same code per row:
   a tile padded with zeros, and a row's products and their summation order do not depend on the tile's
   other rows; more than `TILE_ROWS` rows take more tiles (program ids next to each other, so the weight
   tile each of them loads is read from HBM once and from L2 after);
-- block sizes and split-K depend on the weight shape only (`TUNED`, `linear_config`), never on T;
+- block sizes and split-K depend on the weight shape only (`dfvg.gpu.block_sizes`), never on T;
 - split-K partial sums are added in split order by the last program to finish (a per-tile counter), not
   by atomics, so the order is fixed;
 - RMSNorm's 1/RMS is a first pass over the row in fixed steps, the same for every row count;
@@ -42,7 +42,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dfvg.gpu.decode_attention import INTERPRETED, attention
+from dfvg.gpu.block_sizes import linear_config
+from dfvg.gpu.decode_attention import INTERPRETED, attention, pdl_on
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.gpu.tree_rows import TreeRows
 
@@ -53,7 +54,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from dfvg.gpu.decode_attention import _dot
+    from dfvg.gpu.decode_attention import _after_previous_launch, _dot
 
     @triton.jit
     def _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT: tl.constexpr, BK: tl.constexpr):
@@ -142,11 +143,12 @@ if HAVE_TRITON:
     def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
                        K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, SPLIT_K: tl.constexpr):
+                       BK: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
         block, split, rt, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         n0 = block * BN
         n_rows = 2 * N if SWIGLU else N
+        _after_previous_launch(PDL)
         acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, rt * BT, split * k_len,
                               k_len, K, eps, NORM, SWIGLU, F32, BT, BN, BK)
         last = True
@@ -171,7 +173,8 @@ if HAVE_TRITON:
     def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
                          part_ptr, count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr,
                          KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
-                         BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr):
+                         BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
+                         PDL: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
         position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
@@ -181,6 +184,7 @@ if HAVE_TRITON:
         head = block // chunks
         lo = (block % chunks) * BN + tl.arange(0, BN)  # column within the head's first half
         row_lo = head * HD + (block % chunks) * BN
+        _after_previous_launch(PDL)
         acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
                                  rows, rt * BT, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK)
         last = True
@@ -221,46 +225,16 @@ if HAVE_TRITON:
         tl.store(dest + at + HALF, y_hi.to(tl.bfloat16), mask=mask)
 
 
-# Block sizes per weight shape (N, K), measured best on the H200 by benchmarks/gpu_rows.py --sweep for the
-# Qwen2.5-Coder-1.5B shapes (2026-12-04, benchmarks/h200_2026-12-04_invariant/: calls 1 and 2; the sweep of the
-# final kernels, call 3, picks configs within 0.5 us per launch of these); other shapes take `linear_config`.
-# Keyed by shape only: block sizes that changed with the row count would change the summation order.
-TUNED: dict[tuple[int, int], dict] = {
-    (2048, 1536): {"BN": 32, "BK": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3},
-    (1536, 1536): {"BN": 16, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
-    (8960, 1536): {"BN": 32, "BK": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
-    (1536, 8960): {"BN": 32, "BK": 128, "SPLIT_K": 8, "num_warps": 4, "num_stages": 4},
-    (151936, 1536): {"BN": 64, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
-}
-
-
-def tuned_rows() -> list[list]:
-    """`TUNED` as JSON-able rows [N, K, config] (gpu_rows.py --sweep writes them)."""
-    return [[n, k, config] for (n, k), config in TUNED.items()]
-
-
-def apply_tuned(rows: list[list]) -> None:
-    """Put rows of `tuned_rows` (e.g. a sweep made on this machine) into `TUNED`."""
-    for n, k, config in rows:
-        TUNED[(n, k)] = config
-
-
-def linear_config(n: int, k: int) -> dict:
-    """Block sizes of a weight shape: the tuned entry, else a default. BN weight rows per program (>= 16,
-    the MMA width), BK columns per step, SPLIT_K programs sharing K (enough programs for a small N)."""
-    tuned = TUNED.get((n, k))
-    if tuned is not None:
-        return tuned
-    block_n = 32 if n >= 4096 else 16
-    blocks = -(-n // block_n)
-    split = 1
-    while blocks * split < 264 and k // (split * 2) >= 256:  # ~2 programs per SM on a 132-SM H200
-        split *= 2
-    return {"BN": block_n, "BK": 128, "SPLIT_K": split, "num_warps": 4, "num_stages": 3}
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _launch_options(x: Tensor, cfg: dict) -> dict:
+    """Keyword arguments of a fused GEMV launch: its block sizes, and programmatic dependent launch where the
+    GPU has it."""
+    pdl = pdl_on(x.device)
+    return {"BT": TILE_ROWS, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
+            "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl}
 
 
 def _split_buffers(cfg: dict, blocks: int, rows: int, k: int, device, counters: Tensor | None):
@@ -296,8 +270,7 @@ def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias:
         x, x.stride(0), norm if norm is not None else weight, weight, bias if bias is not None else weight,
         residual if residual is not None else weight, out, parts, counters, rows, n, k, k_len, eps,
         NORM=norm is not None, SWIGLU=swiglu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        F32=INTERPRETED, BT=TILE_ROWS, BN=cfg["BN"], BK=cfg["BK"], SPLIT_K=cfg["SPLIT_K"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        F32=INTERPRETED, **_launch_options(x, cfg))
     return out
 
 
@@ -317,8 +290,7 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
         x, norm, weight, bias if bias is not None else weight, pos, pos if slots is None else slots, cos, sin, q,
         kc, vc, parts, counters, rows, k,
         k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None, F32=INTERPRETED,
-        BT=TILE_ROWS, BN=cfg["BN"], BK=cfg["BK"], SPLIT_K=cfg["SPLIT_K"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        **_launch_options(x, cfg))
     return q
 
 

@@ -1,0 +1,47 @@
+"""Block sizes of the fused GEMV launches per weight shape: measured on the H200, or a default.
+
+Why a table and not an autotuner: a row of a verify step must be computed exactly as a one-row decode step
+computes it (`dfvg.gpu.fused`, batch-invariant rows), so the block sizes and split-K of a launch may depend
+on the weight's shape only, never on the row count; an autotuner keyed on T would change the summation order.
+`benchmarks/gpu_rows.py --sweep` measures the candidates and writes the winners in `tuned_rows` form.
+"""
+
+from __future__ import annotations
+
+# Block sizes per weight shape (N, K), measured best on the H200 by benchmarks/gpu_rows.py --sweep for the
+# Qwen2.5-Coder-1.5B shapes with programmatic dependent launch (2026-12-04 evening,
+# benchmarks/h200_2026-12-04_pdl/rows: each launch alone, then the whole step: 1.589 against 1.667 ms at T = 1
+# for the table before, both with PDL, in alternating rounds); other shapes take `linear_config`.
+# Keyed by shape only: block sizes that changed with the row count would change the summation order.
+TUNED: dict[tuple[int, int], dict] = {
+    (2048, 1536): {"BN": 32, "BK": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 3},
+    (1536, 1536): {"BN": 16, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
+    (8960, 1536): {"BN": 32, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
+    (1536, 8960): {"BN": 32, "BK": 128, "SPLIT_K": 8, "num_warps": 4, "num_stages": 4},
+    (151936, 1536): {"BN": 64, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
+}
+
+
+def tuned_rows() -> list[list]:
+    """`TUNED` as JSON-able rows [N, K, config] (gpu_rows.py --sweep writes them)."""
+    return [[n, k, config] for (n, k), config in TUNED.items()]
+
+
+def apply_tuned(rows: list[list]) -> None:
+    """Put rows of `tuned_rows` (e.g. a sweep made on this machine) into `TUNED`."""
+    for n, k, config in rows:
+        TUNED[(n, k)] = config
+
+
+def linear_config(n: int, k: int) -> dict:
+    """Block sizes of a weight shape: the tuned entry, else a default. BN weight rows per program (>= 16,
+    the MMA width), BK columns per step, SPLIT_K programs sharing K (enough programs for a small N)."""
+    tuned = TUNED.get((n, k))
+    if tuned is not None:
+        return tuned
+    block_n = 32 if n >= 4096 else 16
+    blocks = -(-n // block_n)
+    split = 1
+    while blocks * split < 264 and k // (split * 2) >= 256:  # ~2 programs per SM on a 132-SM H200
+        split *= 2
+    return {"BN": block_n, "BK": 128, "SPLIT_K": split, "num_warps": 4, "num_stages": 3}
