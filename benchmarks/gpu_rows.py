@@ -120,6 +120,7 @@ def step_graph(gm: GraphModel, rows: int, context: int):
     ids = torch.randint(0, gm.model.config.vocab_size, (1, rows), device="cuda")
     pos = torch.arange(context - rows, context, device="cuda")
     graph, _ = capture_graph(lambda: gm.forward(ids, pos), gm.device)
+    graph.inputs = ids, pos  # the graph reads them: they must live as long as it does
     return graph
 
 
@@ -187,19 +188,26 @@ def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None
     vocab = gm.model.config.vocab_size
     modes = {"no PDL": (False, "shipped"), "PDL": (True, "shipped")}
     modes |= {f"PDL, {name} block sizes": (True, name) for name in tables if name != "shipped"}
+    unknown = set(only or ()) - set(modes)
+    if unknown:
+        raise SystemExit(f"unknown launch mode(s) {sorted(unknown)}; known: {'; '.join(modes)}")
     modes = {name: mode for name, mode in modes.items() if not only or name in only}
-    graphs = {}
-    for mode, (pdl, table) in modes.items():
-        decode_attention.PDL = pdl
+    graphs, was = {}, (decode_attention.PDL, block_sizes.tuned_rows())
+    try:
+        for mode, (pdl, table) in modes.items():
+            decode_attention.PDL = pdl
+            block_sizes.TUNED.clear()
+            block_sizes.apply_tuned(tables[table])
+            for rows in (1, 5, 16):
+                torch.manual_seed(rows)
+                ids = torch.randint(0, vocab, (1, rows), device="cuda")
+                pos = torch.arange(context - rows, context, device="cuda")
+                graph, out = capture_graph(lambda ids=ids, pos=pos: gm.forward(ids, pos), gm.device)
+                graphs[mode, rows] = graph, out, (ids, pos)  # the graph reads ids and pos: they must outlive it
+    finally:
+        decode_attention.PDL = was[0]
         block_sizes.TUNED.clear()
-        block_sizes.apply_tuned(tables[table])
-        for rows in (1, 5, 16):
-            torch.manual_seed(rows)
-            ids = torch.randint(0, vocab, (1, rows), device="cuda")
-            pos = torch.arange(context - rows, context, device="cuda")
-            graph, out = capture_graph(lambda ids=ids, pos=pos: gm.forward(ids, pos), gm.device)
-            graphs[mode, rows] = graph, out, (ids, pos)  # the graph reads ids and pos: they must outlive it
-    decode_attention.PDL = True
+        block_sizes.apply_tuned(was[1])
     times: dict = {key: [] for key in graphs}
     for _ in range(rounds):
         for key, (graph, _out, _inputs) in graphs.items():
@@ -253,7 +261,7 @@ def main(argv=None) -> None:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply instead of sweeping")
     p.add_argument("--modes-only", action="store_true", help="only the launch-mode comparison")
-    p.add_argument("--modes", default="", help="comma-separated launch modes to run (default: all)")
+    p.add_argument("--modes", default="", help="launch modes to run, separated by ';' (default: all)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gpu_rows.py needs a CUDA GPU (this machine has none)")
@@ -275,7 +283,7 @@ def main(argv=None) -> None:
     gm.ensure_cache(max(CONTEXTS) + max(ROWS))
     weight_bytes = sum(p.numel() * 2 for n, p in model.named_parameters() if n != "tok_embeddings.weight")
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
-    result["launch_modes"] = launch_modes(gm, tables, [m for m in args.modes.split(",") if m])
+    result["launch_modes"] = launch_modes(gm, tables, [m.strip() for m in args.modes.split(";") if m.strip()])
     result["fastest_block_sizes"] = fastest = fastest_table(result["launch_modes"])
     block_sizes.TUNED.clear()
     block_sizes.apply_tuned(tables[fastest])

@@ -13,15 +13,17 @@
 #        `dfvg generate` and gpu_speed.py load the package's table, no --tuned);
 #     4. gpu_speed --phases dfvg --ks 4 --trees 2,2,1,1: DFVG plain, chain and tree with the 0.5B and the
 #        distilled draft on the 20 held-out prompts; --phases llama_cpp,report (llama.cpp built in the background
-#        from the first call: benchmarks/llama_cpp_peer.py's build into /root/w/peers);
+#        by a separate command of the first call, as for h200_trees.sh: llama_cpp_peer.build into /root/w/peers);
 #     5. dfvg generate on one held-out prompt: plain and the distilled chain.
 # Each part copies the repository first, so calls made while it runs may resync the working tree.
 # Usage there: (setsid nohup bash benchmarks/h200_pdl.sh kernels /root/kout > /root/kernels.log 2>&1 &)
 #             (setsid nohup bash benchmarks/h200_pdl.sh pair /root/g /root/pout > /root/pair.log 2>&1 &)
 set -euo pipefail
 part=$1
+out=${*: -1}
+case $out in /root/out | /root/out/*) echo "error: $out is the device tool's \$OUT, emptied at every call" >&2; exit 2;; esac
 if [ "$part" = kernels ]; then
-  out=$2
+  trap 'echo KERNELS_FAILED' ERR
   rm -rf /root/repo_k && cp -r "$(dirname "$0")/.." /root/repo_k && cd /root/repo_k
   mkdir -p "$out"
   python3 -m pytest -q -m gpu tests/test_gpu_fused.py tests/test_tree_device.py tests/test_gpu_graphs.py \
@@ -32,9 +34,14 @@ if [ "$part" = kernels ]; then
   echo KERNELS_DONE
   exit 0
 fi
-chunks=$2 out=$3
+chunks=$2
 mkdir -p "$out"
-while ! grep -q KERNELS_DONE /root/kernels.log 2>/dev/null; do sleep 5; done
+for _ in $(seq 1 360); do  # part 1 takes ~5 min; give up after 30
+  grep -q KERNELS_DONE /root/kernels.log 2>/dev/null && break
+  grep -q KERNELS_FAILED /root/kernels.log 2>/dev/null && { echo "error: the kernels part failed" >&2; exit 1; }
+  sleep 5
+done
+grep -q KERNELS_DONE /root/kernels.log || { echo "error: no KERNELS_DONE in /root/kernels.log" >&2; exit 1; }
 rm -rf /root/repo && cp -r "$(dirname "$0")/.." /root/repo && cd /root/repo
 python3 - /root/fastest_tuned.json <<'EOF'
 """Write a tuned.json table into dfvg/gpu/block_sizes.py's TUNED literal."""
@@ -44,10 +51,11 @@ import sys
 from pathlib import Path
 
 rows = json.loads(Path(sys.argv[1]).read_text())
-body = "".join(f"    ({n}, {k}): {json.dumps(c)},\n" for n, k, c in rows).replace("\"", "'")
+body = "".join(f"    ({n}, {k}): {json.dumps(c)},\n" for n, k, c in rows)
 path = Path("dfvg/gpu/block_sizes.py")
-text = re.sub(r"(TUNED: dict\[tuple\[int, int\], dict\] = \{\n)(.*?)(\n\})", lambda m: m[1] + body.rstrip("\n") + m[3],
-              path.read_text(), flags=re.S)
+text, count = re.subn(r"(TUNED: dict\[tuple\[int, int\], dict\] = \{\n)(.*?)(\n\})",
+                      lambda m: m[1] + body.rstrip("\n") + m[3], path.read_text(), flags=re.S)
+assert count == 1, "TUNED not found in dfvg/gpu/block_sizes.py"
 path.write_text(text)
 print("block sizes:", rows)
 EOF

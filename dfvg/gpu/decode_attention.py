@@ -32,11 +32,17 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # launch wrote, so the gaps between a step's ~170 small launches shrink: -1.4 % per 1.5B step on the H200,
 # logits bit-identical (benchmarks/RESULTS.md, 2026-12-04 evening). Benchmarks set it False to compare.
 PDL = not INTERPRETED
+try:  # griddepcontrol came with Triton 3.3; an older Triton runs every launch without PDL
+    from triton.language.extra.cuda import gdc_wait as _gdc_wait  # noqa: F401
+
+    HAVE_GDC = True
+except ImportError:  # pragma: no cover - depends on the install
+    HAVE_GDC = False
 
 
 def pdl_on(device: torch.device) -> bool:
-    """Whether launches on `device` use programmatic dependent launch (PDL and an sm_90+ GPU)."""
-    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    """Whether launches on `device` use programmatic dependent launch (PDL, a Triton that has it, sm_90+)."""
+    return PDL and HAVE_GDC and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 if HAVE_TRITON:
     import triton
