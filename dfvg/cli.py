@@ -212,6 +212,7 @@ def run_config(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; under torchrun every rank runs it and rank 0 alone prints (the others exit alike)."""
     args = build_parser().parse_args(argv)
+    completed = False
     try:
         with torch.inference_mode():
             if args.command == "generate":
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                     print_generation(payload, args.json)
             else:
                 run_config(args)
+        completed = True
     except UserError as err:
         if group.leads():
             print(f"error: {err}", file=sys.stderr)
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return report_interrupt(resumable=args.command == "run") if group.leads() else 130
     finally:
-        group.stop()
+        group.stop(completed)
     return 0
 
 

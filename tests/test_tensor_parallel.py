@@ -139,12 +139,14 @@ def rank_main(rank: int, dirs: dict[str, Path], port: int, device: str, result: 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     tp = group.start(2, device, dirs["qwen2"])
+    completed = False
     try:
         out = decode_all(dirs, device, tp)
         if tp.leads:
             torch.save(out, result)
+        completed = True
     finally:
-        group.stop()
+        group.stop(completed)
 
 
 def two_ranks(dirs: dict[str, Path], device: str, tmp_path: Path) -> dict:

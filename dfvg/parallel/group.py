@@ -107,9 +107,15 @@ def start(size: int, device_name: str, target: str | Path | ModelConfig,
     return _CURRENT
 
 
-def stop() -> None:
-    """Leave the group (a no-op without one), so the process exits without NCCL's teardown warnings."""
+def stop(completed: bool = False) -> None:
+    """Leave the group (a no-op without one), so the process exits without NCCL's teardown warnings.
+
+    completed: this rank finished without an error, as every rank should have; the ranks then meet at a
+    barrier before any tears the group down (a gloo rank was once aborted, SIGABRT, while its peer left
+    first). Not after an error: the other ranks may be waiting in another collective, and a barrier would hang."""
     global _CURRENT
     if dist.is_available() and dist.is_initialized():
+        if completed:
+            dist.barrier()
         dist.destroy_process_group()
     _CURRENT = None
