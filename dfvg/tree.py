@@ -143,11 +143,17 @@ def compact_cache(model: Transformer, sources: list[int], first_dest: int) -> No
         return
     device = model.tok_embeddings.weight.device
     src = torch.tensor(sources, device=device)
-    dest = torch.arange(first_dest, first_dest + len(sources), device=device)
+    move_slots(model, src, torch.arange(first_dest, first_dest + len(sources), device=device))
+
+
+def move_slots(model: Transformer, src: Tensor, dest: Tensor, rows: slice = slice(None)) -> None:
+    """K/V of every layer at cache slots src -> slots dest, for the given batch rows (all by default); each
+    tensor's gather reads before its scatter writes, so overlapping moves are safe. No host sync: the captured
+    tree step (`dfvg.gpu.tree_device.compact`) calls it with slots computed on the device."""
     for layer in model.layers:
         cache = layer.attention.kv_cache
-        cache.k[:, dest] = cache.k[:, src]
-        cache.v[:, dest] = cache.v[:, src]
+        for tensor in (cache.k[rows], cache.v[rows]):
+            tensor.index_copy_(1, dest, tensor.index_select(1, src))
 
 
 def accept_tree(tokens: list[int], parents: list[int], draft_probs: Tensor | None, target_probs: Tensor,

@@ -34,7 +34,7 @@ from dfvg.drafter import DraftBlock
 from dfvg.generate import Outcome
 from dfvg.gpu.graphs import GraphDrafter, GraphModel, GraphVerifier
 from dfvg.gpu.tree_rows import TreeRows
-from dfvg.tree import DYNAMIC_WIDTH, TreeSpec
+from dfvg.tree import DYNAMIC_WIDTH, TreeSpec, move_slots
 
 
 @dataclass(frozen=True)
@@ -172,14 +172,9 @@ def accept(tokens: Tensor, parents: Tensor, depths: Tensor, best: Tensor, depth:
 
 def compact(target: GraphModel, root: Tensor, path: Tensor, n: Tensor, depth: int) -> None:
     """Move the accepted nodes' K/V from their tree slots to root + 1.. (their positions); the rest move onto
-    themselves. All reads happen before the writes of a layer, so the moves cannot clobber each other."""
+    themselves (`dfvg.tree.move_slots` on the one sequence's cache row)."""
     steps = torch.arange(depth, device=root.device)
-    dest = root + 1 + steps
-    source = root + 1 + torch.where(steps < n, path, steps)
-    for layer in target.model.layers:
-        cache = layer.attention.kv_cache
-        for tensor in (cache.k[0], cache.v[0]):
-            tensor.index_copy_(0, dest, tensor.index_select(0, source))
+    move_slots(target.model, root + 1 + torch.where(steps < n, path, steps), root + 1 + steps, slice(0, 1))
 
 
 def tree_body(target: GraphModel, draft: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -> Tensor:
