@@ -28,6 +28,7 @@ import torch
 from dfvg.checkpoint import load_model
 from dfvg.datasets import BUILTIN, load_prompts
 from dfvg.drafter import TorchDrafter
+from dfvg.errors import OneLineParser, UserError
 from dfvg.generate import generate
 from dfvg.tokenizer import encode, eos_token_ids, load_tokenizer
 from dfvg.verifier import TorchVerifier
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=str(ROOT / "models/qwen2.5-coder-1.5b-instruct"))
     parser.add_argument("--draft", default=str(ROOT / "models/qwen2.5-coder-0.5b-instruct"))
     parser.add_argument("--prompts", type=int, default=4)
@@ -47,18 +48,24 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--draft-length", type=int, default=4)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--output", default=str(ROOT / "results/cpu_pair.json"))
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.prompts < 1 or args.skip < 0:
+        parser.error("--prompts must be at least 1 and --skip at least 0")
+    return args
 
 
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
+    tasks = load_prompts(args.source, args.skip + args.prompts)[args.skip:]
+    if not tasks:
+        raise UserError(f"--skip {args.skip} leaves no {args.source} prompts; give a smaller --skip")
     tokenizer = load_tokenizer(args.target)
     eos = eos_token_ids(args.target)
     target = TorchVerifier(load_model(args.target))
     drafter = TorchDrafter(load_model(args.draft), target.vocab_size)
     generate(target, [1, 2, 3], 2, drafter=drafter, draft_length=2)  # warm-up: first-touch of the weights
     rows = []
-    for task in load_prompts(args.source, args.skip + args.prompts)[args.skip:]:
+    for task in tasks:
         ids = encode(tokenizer, task["prompt"])
         ids = ids[-args.max_prompt_tokens:] if args.max_prompt_tokens else ids
         plain = generate(target, ids, args.max_new_tokens, eos_ids=eos)
@@ -103,7 +110,11 @@ def summarize(args: argparse.Namespace, rows: list[dict]) -> dict:
 
 def main() -> int:
     args = parse_args()
-    summary = run(args)
+    try:
+        summary = run(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"\nplain {summary['plain_tokens_per_second']:.2f} tok/s | speculative "
           f"{summary['speculative_tokens_per_second']:.2f} tok/s | speedup {summary['speedup']:.2f}x | "
           f"alpha {summary['acceptance_rate']:.3f} | tau {summary['mean_accepted_length_with_bonus']:.2f} | "
