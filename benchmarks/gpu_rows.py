@@ -17,10 +17,13 @@ by CUDA events around replays (medians). What it measures:
 3. cuBLAS GEMMs of the same weight shapes for 1 / 5 / 16 / 64 rows in one graph (the physics beside it);
 4. batch invariance on the whole model: logits of a T-row step against T one-row steps from the same
    cache, bit for bit (`rows_identical` per T);
-5. launch modes side by side: the T = 1 / 5 / 16 step without programmatic dependent launch, with it
-   (`decode_attention.PDL`), and with it and the sweep's block sizes, timed in alternating rounds; whether
-   every mode's logits equal the first mode's bit for bit;
-   the faster block-size table on the whole step (fastest_tuned.json) is the one the rest of the run uses.
+5. code variants side by side (`modes_of`): the step at T = 1 .. 64 and contexts 512 and 32k with one
+   program per row tile and K/V read per token (the code before), with the weight tiles shared by a program's
+   row tiles (`fused.ROW_TILES_PER_PROGRAM`), with the K/V tile shared by a split's tokens too
+   (`decode_attention.SHARE_KV`, shipped), shipped without PDL, and shipped with each other table (e.g. the
+   sweep's), timed in alternating rounds; whether every mode's logits equal the first mode's bit for bit;
+   the faster block-size table on the whole step (fastest_tuned.json) is the one the rest of the run uses;
+6. `--profile`: device time per kernel name in a replayed step at T = 1, 16 and 64 (torch.profiler).
 """
 
 from __future__ import annotations
@@ -179,50 +182,96 @@ def invariance(gm: GraphModel, context: int = 600) -> list[dict]:
     return out
 
 
-def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None = None, context: int = 512,
-                 rounds: int = 5) -> list[dict]:
-    """ms per step of each (mode, T), the median over alternating rounds (so drift hits every mode alike), and
-    whether the mode's logits equal the first mode's (PDL changes when a launch starts, never what it does;
-    other block sizes may change the sums). Modes: PDL off / on with the block sizes of tables["shipped"],
-    then PDL with each other table (e.g. this run's sweep)."""
+MODE_ROWS = (1, 5, 16, 17, 33, 64)
+MODE_CONTEXTS = (512, 32704)
+
+
+def modes_of(tables: dict[str, list]) -> dict[str, dict]:
+    """Code variants timed side by side: the module switches (PDL, row tiles per program, shared K/V) and a
+    block-size table each. The first is the code before this change, the last the one shipped now."""
+    shipped = {"pdl": True, "table": "shipped", "row_tiles": fused.ROW_TILES_PER_PROGRAM,
+               "share_kv": decode_attention.SHARE_KV}
+    modes = {"a program per row tile, K/V per token": {**shipped, "row_tiles": 1, "share_kv": False},
+             "weight tiles shared by row tiles": {**shipped, "share_kv": False},
+             "weight tiles and K/V shared (shipped)": shipped,
+             "shipped without PDL": {**shipped, "pdl": False}}
+    return modes | {f"shipped with the {name} block sizes": {**shipped, "table": name}
+                    for name in tables if name != "shipped"}
+
+
+def _set_mode(mode: dict, tables: dict[str, list]) -> None:
+    decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
+    fused.ROW_TILES_PER_PROGRAM = mode["row_tiles"]
+    block_sizes.TUNED.clear()
+    block_sizes.apply_tuned(tables[mode["table"]])
+
+
+def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None = None, rounds: int = 5) -> list[dict]:
+    """ms per step of each (mode, context, T), the median over alternating rounds (so drift hits every mode
+    alike), and whether the mode's logits equal the first mode's bit for bit (the switches change which
+    program computes a row, never how; other block sizes may change the sums)."""
     vocab = gm.model.config.vocab_size
-    modes = {"no PDL": (False, "shipped"), "PDL": (True, "shipped")}
-    modes |= {f"PDL, {name} block sizes": (True, name) for name in tables if name != "shipped"}
+    modes = modes_of(tables)
     unknown = set(only or ()) - set(modes)
     if unknown:
         raise SystemExit(f"unknown launch mode(s) {sorted(unknown)}; known: {'; '.join(modes)}")
     modes = {name: mode for name, mode in modes.items() if not only or name in only}
-    graphs, was = {}, (decode_attention.PDL, block_sizes.tuned_rows())
+    shipped = {"pdl": decode_attention.PDL, "table": "shipped", "row_tiles": fused.ROW_TILES_PER_PROGRAM,
+               "share_kv": decode_attention.SHARE_KV}
+    graphs = {}
     try:
-        for mode, (pdl, table) in modes.items():
-            decode_attention.PDL = pdl
-            block_sizes.TUNED.clear()
-            block_sizes.apply_tuned(tables[table])
-            for rows in (1, 5, 16):
-                torch.manual_seed(rows)
-                ids = torch.randint(0, vocab, (1, rows), device="cuda")
-                pos = torch.arange(context - rows, context, device="cuda")
-                graph, out = capture_graph(lambda ids=ids, pos=pos: gm.forward(ids, pos), gm.device)
-                graphs[mode, rows] = graph, out, (ids, pos)  # the graph reads ids and pos: they must outlive it
+        for name, mode in modes.items():
+            _set_mode(mode, tables)
+            for context in MODE_CONTEXTS:
+                for rows in MODE_ROWS:
+                    torch.manual_seed(rows)
+                    ids = torch.randint(0, vocab, (1, rows), device="cuda")
+                    pos = torch.arange(context - rows, context, device="cuda")
+                    graph, out = capture_graph(lambda ids=ids, pos=pos: gm.forward(ids, pos), gm.device)
+                    graphs[name, context, rows] = graph, out, (ids, pos)  # the graph reads ids, pos: keep them
     finally:
-        decode_attention.PDL = was[0]
-        block_sizes.TUNED.clear()
-        block_sizes.apply_tuned(was[1])
+        _set_mode(shipped, tables)
     times: dict = {key: [] for key in graphs}
     for _ in range(rounds):
         for key, (graph, _out, _inputs) in graphs.items():
             times[key].append(cuda_median_ms(graph.replay, 10))
     first = next(iter(modes))
     out = []
-    for (mode, rows), (graph, logits, _inputs) in graphs.items():
+    for (name, context, rows), (graph, logits, _inputs) in graphs.items():
         graph.replay()
-        reference_graph, reference, _ = graphs[first, rows]
+        reference_graph, reference, _ = graphs[first, context, rows]
         reference_graph.replay()  # (same tokens and positions: the cache holds the same K/V after either)
-        ms, base = sorted(times[mode, rows])[rounds // 2], sorted(times[first, rows])[rounds // 2]
-        out.append({"mode": mode, "block_sizes": modes[mode][1], "T": rows, "context": context, "ms": ms,
-                    "ratio_to_no_pdl": ms / base, "logits_identical_to_no_pdl": bool(torch.equal(logits, reference))})
-        print(f"  {mode:50s} T={rows:2d}: {ms:.3f} ms ({ms / base:.3f}x no PDL), logits identical: "
-              f"{out[-1]['logits_identical_to_no_pdl']}", flush=True)
+        ms, base = sorted(times[name, context, rows])[rounds // 2], sorted(times[first, context, rows])[rounds // 2]
+        out.append({"mode": name, "block_sizes": modes[name]["table"], "context": context, "T": rows, "ms": ms,
+                    "ratio_to_first_mode": ms / base,
+                    "logits_identical_to_first_mode": bool(torch.equal(logits, reference))})
+        print(f"  {name:45s} context {context:5d} T={rows:2d}: {ms:.3f} ms ({ms / base:.3f}x the first mode), "
+              f"logits identical: {out[-1]['logits_identical_to_first_mode']}", flush=True)
+    return out
+
+
+def kernel_profile(gm: GraphModel, context: int = 512, rows_list=(1, 16, 64), replays: int = 20) -> list[dict]:
+    """Device time per step of each kernel (by name) in a replayed T-row step: where a verify's extra time
+    goes. (torch.profiler over graph replays; an empty list where CUPTI reports no kernels in graphs.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = []
+    for rows in rows_list:
+        graph = step_graph(gm, rows, context)
+        graph.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                graph.replay()
+            torch.cuda.synchronize()
+        for event in prof.key_averages():
+            total = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
+            if total > 0:
+                out.append({"T": rows, "context": context, "kernel": event.key, "us_per_step": total / replays,
+                            "launches_per_step": event.count / replays})
+        mine = sorted((r for r in out if r["T"] == rows), key=lambda r: -r["us_per_step"])
+        print(f"  profile T={rows}: " + "; ".join(f"{r['kernel'][:40]} {r['us_per_step']:.0f} us "
+                                                  f"({r['launches_per_step']:.0f}x)" for r in mine[:6]), flush=True)
     return out
 
 
@@ -262,6 +311,7 @@ def main(argv=None) -> None:
     p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply instead of sweeping")
     p.add_argument("--modes-only", action="store_true", help="only the launch-mode comparison")
     p.add_argument("--modes", default="", help="launch modes to run, separated by ';' (default: all)")
+    p.add_argument("--profile", action="store_true", help="first, device time per kernel at T = 1 / 16 / 64")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gpu_rows.py needs a CUDA GPU (this machine has none)")
@@ -283,6 +333,8 @@ def main(argv=None) -> None:
     gm.ensure_cache(max(CONTEXTS) + max(ROWS))
     weight_bytes = sum(p.numel() * 2 for n, p in model.named_parameters() if n != "tok_embeddings.weight")
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    if args.profile:
+        result["kernel_profile"] = kernel_profile(gm)
     result["launch_modes"] = launch_modes(gm, tables, [m.strip() for m in args.modes.split(";") if m.strip()])
     result["fastest_block_sizes"] = fastest = fastest_table(result["launch_modes"])
     block_sizes.TUNED.clear()

@@ -10,7 +10,7 @@ from dfvg.checkpoint import config_from_dict, convert_state_dict
 from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
 from dfvg.generate import generate
-from dfvg.gpu.graphs import GraphDrafter, GraphModel, GraphVerifier, graph_prefill
+from dfvg.gpu.graphs import PREFILL_CHUNK, GraphDrafter, GraphModel, GraphVerifier, graph_prefill
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import TorchVerifier
@@ -42,19 +42,19 @@ def test_functional_forward_matches_model(arch):
     assert torch.allclose(got, want, atol=1e-4)
 
 
-@pytest.mark.parametrize("length", [1, 16, 37])
+@pytest.mark.parametrize("length", [1, 16, 37, 64, 70])
 def test_graph_prefill_fills_the_cache_like_eager_feed(length):
-    """16-token chunks through one T=16 token graph (last chunk padded) leave the cache eager feed leaves."""
+    """64-token chunks through one T=64 token graph (last chunk padded) leave the cache eager feed leaves."""
     model = tiny("qwen2", 0)
     gm = GraphModel(model, compile_blocks=False)
-    gm.ensure_cache(80)
+    gm.ensure_cache(150)
     ids = torch.randint(0, 96, (length + 1,)).tolist()
     with torch.inference_mode():
         want = model(torch.tensor([ids]), torch.arange(length + 1)[None])[0, -1]
         graph_prefill(gm, ids[:-1])
         got = gm.forward(torch.tensor([ids[-1:]]), torch.tensor([length]))[0]
     assert torch.allclose(got, want, atol=1e-4)
-    assert ("runner", "tokens", 16, True) in gm.graphs  # one graph served every chunk
+    assert ("runner", "tokens", PREFILL_CHUNK, True) in gm.graphs  # one graph served every chunk
 
 
 @pytest.fixture(scope="module")

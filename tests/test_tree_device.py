@@ -119,6 +119,7 @@ def tree_attention_failures(device: str) -> list[str]:
     """Rows of a tree attention launch that differ in any bit from the same query on a chain cache where the
     row's ancestors sit at their positions (what plain decoding of that path computes)."""
     from dfvg.gpu.decode_attention import attention
+    from tests.test_gpu_fused import attention_programs
 
     torch.manual_seed(2)
     heads, kv_heads, hd, slots, root = 6, 2, 32, 256, 190  # positions cross the 64-slot split at 192
@@ -132,7 +133,18 @@ def tree_attention_failures(device: str) -> list[str]:
     pos = torch.tensor([root] + [root + len(c) for c in chains], device=device)
     q = torch.randn(len(parents) + 1, heads * hd).to(device, torch.bfloat16)
     dims = (heads, kv_heads, hd, 0, 1e-6)
-    got = attention(q, kc, vc, pos, dims, (torch.tensor([root], device=device), ancestors))
+    failures = []
+    for wanted in (None, 1):  # a program per node; every node in one program per split (shared below the root)
+        with attention_programs(wanted):
+            got = attention(q, kc, vc, pos, dims, (torch.tensor([root], device=device), ancestors))
+        failures += [f"programs {wanted}: {f}" for f in _chain_mismatches(got, q, kc, vc, pos, dims, chains, root)]
+    return failures
+
+
+def _chain_mismatches(got, q, kc, vc, pos, dims, chains, root) -> list[str]:
+    """Rows of tree attention output `got` that differ from the same query on the chain of its ancestors."""
+    from dfvg.gpu.decode_attention import attention
+
     failures = []
     for row, chain in enumerate([[]] + chains):
         chain_k, chain_v = kc.clone(), vc.clone()

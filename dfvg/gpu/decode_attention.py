@@ -1,9 +1,10 @@
 """Decode/verify attention for the fused layers: split over cache slots (flash decoding), then merged.
 
 Why split: one program per query head walks ~400 cache slots one tile after another (16.6 us per layer on
-the H200); with one program per (kv head, 64-slot split, token) every program reads one K and one V tile,
-and a second launch merges the partial softmax states. The GQA query heads of one token share a tile, so
-K/V are read once per kv head and token (from L2 after the first token of a verify step).
+the H200); with one program per (kv head, 64-slot split) every program reads one K and one V tile, and a
+second launch merges the partial softmax states. The GQA query heads of one token share a tile. A verify
+step's tokens share a split's program when the context alone fills the GPU (`SHARE_KV`), so K/V are read once
+per step; at a short context each token takes its own program (more parallel work, K/V from L2).
 
 One token per tile, at the same tile rows whatever the row count: a verify row is then computed exactly as
 a one-token decode step computes it (`dfvg.gpu.fused`, batch-invariant rows). Packing several tokens into
@@ -75,44 +76,66 @@ if HAVE_TRITON:
             return tl.where(beyond, tl.load(anc_ptr + t * DEPTH + (s - root - 1), mask=beyond, other=0), s).to(tl.int32)
         return s
 
-    @triton.jit(do_not_specialize=["rows"])
+    @triton.jit
+    def _token_split(q_ptr, keys, values, s, t, pos_ptr, m_ptr, l_ptr, acc_ptr, rows, scale, kv, split,
+                     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr, F32: tl.constexpr,
+                     BM: tl.constexpr):
+        """Token t's GROUP query heads (tile rows 0..GROUP-1, padded to BM) against one split's keys and values
+        [BS, HD] at positions s: its partial softmax state (m, l, acc) for the split, live tile rows only."""
+        GROUP: tl.constexpr = HEADS // KV_HEADS
+        r = tl.arange(0, BM)
+        live = r < GROUP
+        d = tl.arange(0, HD)
+        q = tl.load(q_ptr + t * (HEADS * HD) + (kv * GROUP + r)[:, None] * HD + d[None, :], mask=live[:, None],
+                    other=0.0)
+        pos = tl.load(pos_ptr + t)
+        scores = _dot(q, tl.trans(keys), F32) * scale  # [BM, BS] float32
+        scores = tl.where(s[None, :] <= pos, scores, -float("inf"))
+        m = tl.max(scores, axis=1)
+        p = tl.exp(scores - tl.where(m == -float("inf"), 0.0, m)[:, None])
+        state = ((split * KV_HEADS + kv) * rows + t) * BM + r
+        tl.store(m_ptr + state, m, mask=live)
+        tl.store(l_ptr + state, tl.sum(p, axis=1), mask=live)
+        tl.store(acc_ptr + state[:, None] * HD + d[None, :], _dot(p.to(values.dtype), values, F32),
+                 mask=live[:, None])
+
+    @triton.jit(do_not_specialize=["rows", "wanted"])
     def _attention_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, root_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, rows,
-                                scale, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
+                                wanted, scale, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
                                 F32: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, TREE: tl.constexpr,
                                 DEPTH: tl.constexpr, PDL: tl.constexpr):
-        """Program (kv head, split, token t): the GROUP query heads of token t (tile rows 0..GROUP-1, padded
-        to BM) against sequence positions split*BS.. of those <= pos[t]; writes their partial softmax states.
+        """Program (kv head, split, token group g): the split's K and V tile, loaded once, against tokens g,
+        g + G, .. (`_token_split` per token), where G keeps about `wanted` programs busy: one token per program
+        at a short context, every token of the step in one program at a long one (each then reads the cache
+        once, not once per token). A token's arithmetic does not depend on G.
 
         Split over slots (flash decoding) because one program per head walks ~400 slots in sequence; here
         each program reads one tile of K and V, and `_attention_combine_kernel` merges the splits. With TREE,
         positions past the root read the slots of token t's ancestors (`_source_slots`): a tree node then
-        computes exactly what the same token computes on a chain, where its ancestors sit at those positions."""
-        GROUP: tl.constexpr = HEADS // KV_HEADS
+        computes exactly what the same token computes on a chain, where its ancestors sit at those positions;
+        a split past the root is then loaded per token."""
         _after_previous_launch(PDL)
         kv = tl.program_id(0)
         split = tl.program_id(1)
-        t = tl.program_id(2)
         end = tl.load(pos_ptr + rows - 1) + 1  # positions ascend: the last row sees the most slots
-        if split * BS < end:
-            r = tl.arange(0, BM)
-            live = r < GROUP
-            head = kv * GROUP + r
+        groups = tl.minimum(rows, tl.maximum(1, tl.cdiv(wanted, KV_HEADS * tl.cdiv(end, BS))))
+        if (split * BS < end) & (tl.program_id(2) < groups):
             d = tl.arange(0, HD)
-            q = tl.load(q_ptr + t * (HEADS * HD) + head[:, None] * HD + d[None, :], mask=live[:, None], other=0.0)
-            pos = tl.load(pos_ptr + t)
             s = split * BS + tl.arange(0, BS)
-            src = _source_slots(s, t, pos, root_ptr, anc_ptr, TREE, DEPTH)
-            offs = src[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
-            keys = tl.load(kc_ptr + offs, mask=(s < end)[:, None], other=0.0)
-            values = tl.load(vc_ptr + offs, mask=(s < end)[:, None], other=0.0)
-            scores = _dot(q, tl.trans(keys), F32) * scale  # [BM, BS] float32
-            scores = tl.where(s[None, :] <= pos, scores, -float("inf"))
-            m = tl.max(scores, axis=1)
-            p = tl.exp(scores - tl.where(m == -float("inf"), 0.0, m)[:, None])
-            state = ((split * KV_HEADS + kv) * rows + t) * BM + r
-            tl.store(m_ptr + state, m)
-            tl.store(l_ptr + state, tl.sum(p, axis=1))
-            tl.store(acc_ptr + state[:, None] * HD + d[None, :], _dot(p.to(values.dtype), values, F32))
+            offs = s[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
+            shared_keys = tl.load(kc_ptr + offs, mask=(s < end)[:, None], other=0.0)
+            shared_values = tl.load(vc_ptr + offs, mask=(s < end)[:, None], other=0.0)
+            for t in range(tl.program_id(2), rows, groups):
+                keys = shared_keys
+                values = shared_values
+                if TREE:
+                    if split * BS + BS - 1 > tl.load(root_ptr):  # some of these positions are ancestors' slots
+                        src = _source_slots(s, t, tl.load(pos_ptr + t), root_ptr, anc_ptr, TREE, DEPTH)
+                        at = src[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
+                        keys = tl.load(kc_ptr + at, mask=(s < end)[:, None], other=0.0)
+                        values = tl.load(vc_ptr + at, mask=(s < end)[:, None], other=0.0)
+                _token_split(q_ptr, keys, values, s, t, pos_ptr, m_ptr, l_ptr, acc_ptr, rows, scale, kv, split,
+                             HEADS, KV_HEADS, HD, F32, BM)
 
     @triton.jit(do_not_specialize=["rows"])
     def _attention_combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
@@ -153,6 +176,18 @@ ATTENTION_SPLIT = 64  # cache slots per attention program
 
 
 TILE = 16  # query rows of one attention tile: one token's GQA heads, padded (the smallest MMA height)
+# Whether a split's program takes several tokens of a verify step when the context alone fills the GPU, so the
+# cache is read once per step, not once per token (benchmarks set False to compare). Bits are the same.
+SHARE_KV = True
+
+
+def _programs_wanted(device: torch.device) -> int:
+    """About how many attention programs keep `device` busy (2 per SM); with SHARE_KV off, no limit."""
+    if not SHARE_KV:
+        return 2 ** 30
+    if device.type != "cuda":
+        return 264  # an H200's 2 x 132 (the interpreter, on the CPU)
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
@@ -161,7 +196,7 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
 
     tree = (root [1], anc [T, D]) for token-tree rows (`dfvg.gpu.tree_device`): positions past root[0] read
     the slots anc[t, position - root - 1]. The last row must have the highest position. Two launches: per
-    (kv head, 64-slot split, token) partial softmax, then the merge per (head, token, 32 columns)."""
+    (kv head, 64-slot split, token group) partial softmax, then the merge per (head, token, 32 columns)."""
     heads, kv_heads, hd, _, _ = dims
     rows = q.shape[0]
     splits = triton.cdiv(kc.shape[0], ATTENTION_SPLIT)
@@ -171,8 +206,9 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
     root, anc = tree if tree is not None else (pos, pos)
     pdl = pdl_on(q.device)
     _attention_split_kernel[(kv_heads, splits, rows)](q, kc, vc, pos, root, anc, m, l_sum, acc, rows,
-                                                      1.0 / math.sqrt(hd), HEADS=heads, KV_HEADS=kv_heads, HD=hd,
-                                                      F32=INTERPRETED, BM=TILE, BS=ATTENTION_SPLIT,
+                                                      _programs_wanted(q.device), 1.0 / math.sqrt(hd),
+                                                      HEADS=heads, KV_HEADS=kv_heads, HD=hd, F32=INTERPRETED,
+                                                      BM=TILE, BS=ATTENTION_SPLIT,
                                                       TREE=tree is not None, DEPTH=anc.shape[-1] if tree else 1,
                                                       PDL=pdl, num_warps=4, launch_pdl=pdl)
     out = torch.empty_like(q)

@@ -20,8 +20,9 @@ every row count runs the same code per row:
 
 - rows go through tensor-core tiles of a fixed height (`TILE_ROWS`): one row of a decode step is row 0 of
   a tile padded with zeros, and a row's products and their summation order do not depend on the tile's
-  other rows; more than `TILE_ROWS` rows take more tiles (program ids next to each other, so the weight
-  tile each of them loads is read from HBM once and from L2 after);
+  other rows; more than `TILE_ROWS` rows take more tiles, up to 4 in one program, which multiplies each
+  weight tile it loads into every row tile, each its own dot (`dfvg.gpu.gemv_stream`): a 64-row verify
+  streams the weights once;
 - block sizes and split-K depend on the weight shape only (`dfvg.gpu.block_sizes`), never on T;
 - split-K partial sums are added in split order by the last program to finish (a per-tile counter), not
   by atomics, so the order is fixed;
@@ -49,113 +50,23 @@ from dfvg.gpu.tree_rows import TreeRows
 
 TILE_ROWS = 16  # rows of one tensor-core tile (the smallest MMA height)
 MAX_ROWS = 64  # new tokens per launch: 4 row tiles
+# Row tiles one program multiplies into each weight tile it loads (up to 4, the kernels' accumulators): with 4,
+# a 17..64-row verify streams each weight once, as a one-row step does; with 1, each row tile is its own
+# program and re-reads the weights (from L2 at best; benchmarks set 1 to compare). A row's bits are the same.
+ROW_TILES_PER_PROGRAM = 4
 
 if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from dfvg.gpu.decode_attention import _after_previous_launch, _dot
+    from dfvg.gpu.decode_attention import _after_previous_launch
+    from dfvg.gpu.gemv_stream import _program, _reduce_splits, _stream
 
     @triton.jit
-    def _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT: tl.constexpr, BK: tl.constexpr):
-        """Rows t0..t0+BT, columns k0..k0+BK of x as float32 (zeros past rows and K)."""
+    def _linear_out(acc, acc_up, t0, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
+        """Bias, SwiGLU and residual on one row tile's sums, then the store of rows t0..t0+BT."""
         t = t0 + tl.arange(0, BT)
-        k = k0 + tl.arange(0, BK)
-        return tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
-                       other=0.0).to(tl.float32)
-
-    @triton.jit
-    def _w_tile(w_ptr, row0, n_rows, K, k0, BN: tl.constexpr, BK: tl.constexpr):
-        n = row0 + tl.arange(0, BN)
-        k = k0 + tl.arange(0, BK)
-        return tl.load(w_ptr + n[:, None] * K + k[None, :], mask=(n[:, None] < n_rows) & (k[None, :] < K),
-                       other=0.0, eviction_policy="evict_first")
-
-    @triton.jit
-    def _inv_rms(x_ptr, x_stride, rows, t0, K: tl.constexpr, eps, BT: tl.constexpr, BK: tl.constexpr):
-        """1/RMS of rows t0..t0+BT of x [BT], summed in fixed BK steps (the same order for every row count).
-
-        Unrolled, so every load of x is in flight at once: a loop kept each weight load of the launch waiting
-        for one L2 round trip per step. (Summing the squares inside the weight loop and scaling after the
-        product measured slower still: the QKV launch 15.6 against 11.0 us, H200, 2026-12-04.)"""
-        sum_sq = tl.zeros((BT,), tl.float32)
-        for k0 in tl.static_range(0, K, BK):
-            x = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK)
-            sum_sq += tl.sum(x * x, axis=1)
-        return tl.rsqrt(sum_sq / K + eps)
-
-    @triton.jit
-    def _stream(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K: tl.constexpr, eps,
-                NORM: tl.constexpr, PAIR: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr):
-        """Rows t0.. of A times weight rows row0..row0+BN (and row1.. with PAIR) over columns k_lo..k_lo+k_len
-        -> float32 [BT, BN] x2; with NORM, A is RMSNorm(x) * g, rounded as `dfvg.model.RMSNorm` rounds."""
-        rstd = tl.full((BT,), 1.0, tl.float32)
-        if NORM:
-            rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, 512)
-        acc0 = tl.zeros((BT, BN), tl.float32)
-        acc1 = tl.zeros((BT, BN), tl.float32)
-        for k0 in range(k_lo, tl.minimum(k_lo + k_len, K), BK):
-            a = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK)
-            if NORM:
-                k = k0 + tl.arange(0, BK)
-                g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
-                a = (a * rstd[:, None]).to(tl.bfloat16).to(tl.float32) * g
-            a = a.to(tl.bfloat16)
-            acc0 += _dot(a, tl.trans(_w_tile(w_ptr, row0, n_rows, K, k0, BN, BK)), F32)
-            if PAIR:
-                acc1 += _dot(a, tl.trans(_w_tile(w_ptr, row1, n_rows, K, k0, BN, BK)), F32)
-        return acc0, acc1
-
-    @triton.jit
-    def _reduce_splits(acc0, acc1, part_ptr, count_ptr, tile, split, PAIR: tl.constexpr, SPLIT_K: tl.constexpr,
-                       BT: tl.constexpr, BN: tl.constexpr):
-        """Split-K in a fixed order: each split stores its partial sums, and the program that finishes last
-        adds splits 0, 1, ... in that order (so the sum does not depend on which finished first) and resets
-        the tile's counter for the next launch. Returns (sum0, sum1, is_last)."""
-        offs = tl.arange(0, BT)[:, None] * BN + tl.arange(0, BN)[None, :]
-        slot = part_ptr + tile * (SPLIT_K * 2 * BT * BN)
-        tl.store(slot + split * (2 * BT * BN) + offs, acc0)
-        if PAIR:
-            tl.store(slot + split * (2 * BT * BN) + BT * BN + offs, acc1)
-        tl.debug_barrier()
-        last = tl.atomic_add(count_ptr + tile, 1) == SPLIT_K - 1
-        sum0 = tl.zeros((BT, BN), tl.float32)
-        sum1 = tl.zeros((BT, BN), tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            sum0 += tl.load(slot + s * (2 * BT * BN) + offs, mask=last, other=0.0, cache_modifier=".cg")
-            if PAIR:
-                sum1 += tl.load(slot + s * (2 * BT * BN) + BT * BN + offs, mask=last, other=0.0,
-                                cache_modifier=".cg")
-        tl.atomic_xchg(count_ptr + tile, 0, mask=last)
-        return sum0, sum1, last
-
-    @triton.jit
-    def _program(pid, rows, SPLIT_K: tl.constexpr, BT: tl.constexpr):
-        """(output block, K split, row tile, tile id) of a program: row tiles vary fastest, then splits, so
-        the programs that read one weight block run together and share it through L2."""
-        row_tiles = tl.cdiv(rows, BT)
-        rt = pid % row_tiles
-        block = pid // (row_tiles * SPLIT_K)
-        return block, (pid // row_tiles) % SPLIT_K, rt, block * row_tiles + rt
-
-    @triton.jit(do_not_specialize=["rows"])
-    def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
-                       K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
-        """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
-        block, split, rt, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
-        n0 = block * BN
-        n_rows = 2 * N if SWIGLU else N
-        _after_previous_launch(PDL)
-        acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, rt * BT, split * k_len,
-                              k_len, K, eps, NORM, SWIGLU, F32, BT, BN, BK)
-        last = True
-        if SPLIT_K > 1:
-            acc, acc_up, last = _reduce_splits(acc, acc_up, part_ptr, count_ptr, tile, split, SWIGLU, SPLIT_K, BT,
-                                               BN)
-        t = rt * BT + tl.arange(0, BT)
         n = n0 + tl.arange(0, BN)
         if HAS_BIAS:
             acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
@@ -170,33 +81,46 @@ if HAVE_TRITON:
         tl.store(out_ptr + where, acc.to(out_ptr.dtype.element_ty), mask=valid)
 
     @triton.jit(do_not_specialize=["rows"])
-    def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
-                         part_ptr, count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr,
-                         KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
-                         BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
-                         PDL: tl.constexpr):
-        """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
-        (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
-        position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
-        HALF: tl.constexpr = HD // 2
-        chunks: tl.constexpr = HALF // BN
-        block, split, rt, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
-        head = block // chunks
-        lo = (block % chunks) * BN + tl.arange(0, BN)  # column within the head's first half
-        row_lo = head * HD + (block % chunks) * BN
+    def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
+                       K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, SPLIT_K: tl.constexpr, TILES: tl.constexpr, PDL: tl.constexpr):
+        """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
+        block, split, t0, group = _program(tl.program_id(0), rows, SPLIT_K, BT, TILES)
+        n0 = block * BN
+        n_rows = 2 * N if SWIGLU else N
         _after_previous_launch(PDL)
-        acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
-                                 rows, rt * BT, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK)
+        a0, b0, a1, b1, a2, b2, a3, b3 = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0,
+                                                 split * k_len, k_len, K, eps, NORM, SWIGLU, F32, BT, BN, BK, TILES)
         last = True
         if SPLIT_K > 1:
-            acc_lo, acc_hi, last = _reduce_splits(acc_lo, acc_hi, part_ptr, count_ptr, tile, split, True, SPLIT_K,
-                                                  BT, BN)
+            a0, b0, a1, b1, a2, b2, a3, b3, last = _reduce_splits(a0, b0, a1, b1, a2, b2, a3, b3, part_ptr,
+                                                                  count_ptr, group, split, SWIGLU, SPLIT_K, TILES,
+                                                                  BT, BN)
+        _linear_out(a0, b0, t0, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES, BT, BN)
+        if TILES > 1:
+            _linear_out(a1, b1, t0 + BT, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES,
+                        BT, BN)
+        if TILES > 2:
+            _linear_out(a2, b2, t0 + 2 * BT, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS,
+                        HAS_RES, BT, BN)
+        if TILES > 3:
+            _linear_out(a3, b3, t0 + 3 * BT, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS,
+                        HAS_RES, BT, BN)
+
+    @triton.jit
+    def _rope_out(acc_lo, acc_hi, t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
+                  rows, last, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
+        """Bias and RoPE on one row tile's q/k/v columns lo (both halves of the head), then the store: q to its
+        buffer, k and v into the cache at each row's slot."""
+        HALF: tl.constexpr = HD // 2
         if HAS_BIAS:
             acc_lo += tl.load(b_ptr + head * HD + lo).to(tl.float32)[None, :]
             acc_hi += tl.load(b_ptr + head * HD + HALF + lo).to(tl.float32)[None, :]
         x_lo = acc_lo.to(tl.bfloat16).to(tl.float32)  # the projection's bf16 output, as the reference has it
         x_hi = acc_hi.to(tl.bfloat16).to(tl.float32)
-        t = rt * BT + tl.arange(0, BT)
+        t = t0 + tl.arange(0, BT)
         live = t < rows
         pos = tl.load(pos_ptr + t, mask=live, other=0).to(tl.int32)
         if head < HEADS + KV_HEADS:  # q and k heads are rotated; v heads are stored as they are
@@ -224,28 +148,78 @@ if HAVE_TRITON:
         tl.store(dest + at, y_lo.to(tl.bfloat16), mask=mask)
         tl.store(dest + at + HALF, y_hi.to(tl.bfloat16), mask=mask)
 
+    @triton.jit(do_not_specialize=["rows"])
+    def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
+                         part_ptr, count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr,
+                         KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
+                         BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
+                         TILES: tl.constexpr, PDL: tl.constexpr):
+        """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
+        (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
+        position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
+        HALF: tl.constexpr = HD // 2
+        chunks: tl.constexpr = HALF // BN
+        block, split, t0, group = _program(tl.program_id(0), rows, SPLIT_K, BT, TILES)
+        head = block // chunks
+        lo = (block % chunks) * BN + tl.arange(0, BN)  # column within the head's first half
+        row_lo = head * HD + (block % chunks) * BN
+        _after_previous_launch(PDL)
+        a0, b0, a1, b1, a2, b2, a3, b3 = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF,
+                                                 (HEADS + 2 * KV_HEADS) * HD, rows, t0, split * k_len, k_len, K,
+                                                 eps, True, True, F32, BT, BN, BK, TILES)
+        last = True
+        if SPLIT_K > 1:
+            a0, b0, a1, b1, a2, b2, a3, b3, last = _reduce_splits(a0, b0, a1, b1, a2, b2, a3, b3, part_ptr,
+                                                                  count_ptr, group, split, True, SPLIT_K, TILES,
+                                                                  BT, BN)
+        _rope_out(a0, b0, t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, rows,
+                  last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
+        if TILES > 1:
+            _rope_out(a1, b1, t0 + BT, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
+                      rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
+        if TILES > 2:
+            _rope_out(a2, b2, t0 + 2 * BT, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr,
+                      vc_ptr, rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
+        if TILES > 3:
+            _rope_out(a3, b3, t0 + 3 * BT, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr,
+                      vc_ptr, rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _row_tiles(rows: int) -> tuple[int, int]:
+    """(row tiles per program, row groups) of a launch over `rows` rows (`ROW_TILES_PER_PROGRAM`)."""
+    tiles = _cdiv(rows, TILE_ROWS)
+    per_program = max(1, min(ROW_TILES_PER_PROGRAM, tiles))
+    return per_program, _cdiv(tiles, per_program)
+
+
 def _launch_options(x: Tensor, cfg: dict) -> dict:
-    """Keyword arguments of a fused GEMV launch: its block sizes, and programmatic dependent launch where the
-    GPU has it."""
+    """Keyword arguments of a fused GEMV launch over x's rows: its block sizes, the row tiles each program
+    takes, and programmatic dependent launch where the GPU has it."""
     pdl = pdl_on(x.device)
     return {"BT": TILE_ROWS, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
-            "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl}
+            "TILES": _row_tiles(x.shape[0])[0], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
+            "PDL": pdl, "launch_pdl": pdl}
+
+
+def _grid(cfg: dict, blocks: int, rows: int) -> tuple[int]:
+    """One program per (weight block, K split, row group)."""
+    return (blocks * cfg["SPLIT_K"] * _row_tiles(rows)[1],)
 
 
 def _split_buffers(cfg: dict, blocks: int, rows: int, k: int, device, counters: Tensor | None):
     """(k_len, partials, counters) of a split-K launch: K columns per split, the float32 partial sums and the
-    zeroed per-tile counters (a caller's buffer, reset by the kernel after use, or a new one)."""
-    split, tiles = cfg["SPLIT_K"], blocks * _cdiv(rows, TILE_ROWS)
+    zeroed per-(block, row group) counters (a caller's buffer, reset by the kernel after use, or a new one)."""
+    per_program, groups = _row_tiles(rows)
+    split, tiles = cfg["SPLIT_K"], blocks * groups
     k_len = _cdiv(_cdiv(k, split), cfg["BK"]) * cfg["BK"]  # whole BK steps per split
     if split == 1:
         dummy = torch.empty(1, dtype=torch.int32, device=device)
         return k_len, dummy, dummy
-    parts = torch.empty(tiles * split * 2 * TILE_ROWS * cfg["BN"], dtype=torch.float32, device=device)
+    parts = torch.empty(tiles * split * per_program * 2 * TILE_ROWS * cfg["BN"], dtype=torch.float32, device=device)
     if counters is None or counters.numel() < tiles:
         counters = torch.zeros(tiles, dtype=torch.int32, device=device)
     return k_len, parts, counters
@@ -266,7 +240,7 @@ def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias:
     blocks = triton.cdiv(n, cfg["BN"])
     k_len, parts, counters = _split_buffers(cfg, blocks, rows, k, x.device, counters)
     out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
-    _linear_kernel[(blocks * cfg["SPLIT_K"] * triton.cdiv(rows, TILE_ROWS),)](
+    _linear_kernel[_grid(cfg, blocks, rows)](
         x, x.stride(0), norm if norm is not None else weight, weight, bias if bias is not None else weight,
         residual if residual is not None else weight, out, parts, counters, rows, n, k, k_len, eps,
         NORM=norm is not None, SWIGLU=swiglu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
@@ -286,7 +260,7 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
     blocks = (heads + 2 * kv_heads) * (hd // 2 // cfg["BN"])
     k_len, parts, counters = _split_buffers(cfg, blocks, rows, k, x.device, counters)
     q = torch.empty(rows, heads * hd, dtype=x.dtype, device=x.device)
-    _qkv_rope_kernel[(blocks * cfg["SPLIT_K"] * triton.cdiv(rows, TILE_ROWS),)](
+    _qkv_rope_kernel[_grid(cfg, blocks, rows)](
         x, norm, weight, bias if bias is not None else weight, pos, pos if slots is None else slots, cos, sin, q,
         kc, vc, parts, counters, rows, k,
         k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None, F32=INTERPRETED,

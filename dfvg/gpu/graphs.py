@@ -29,7 +29,7 @@ from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import verify_on_host
 
-SCRATCH = 32  # cache slots at the end reserved for warm-up and capture
+SCRATCH = fused.MAX_ROWS  # cache slots at the end reserved for warm-up and capture (a prefill chunk)
 VERIFY_ROWS = min(SCRATCH, MAX_ROWS)  # rows a captured verify-and-accept takes (the acceptance kernel's limit)
 
 
@@ -216,16 +216,18 @@ def token_graph(gm: GraphModel, tokens: list[int], start_pos: int, last_only: bo
     return runner
 
 
-PREFILL_CHUNK = fused.TILE_ROWS  # prompt tokens per graph replay in `graph_prefill`
+PREFILL_CHUNK = fused.MAX_ROWS  # prompt tokens per graph replay in `graph_prefill`
 
 
 def graph_prefill(gm: GraphModel, tokens: list[int], start_pos: int = 0) -> None:
-    """Feed tokens into gm's cache 16 at a time through one captured T = 16 graph (eager where none fits).
+    """Feed tokens into gm's cache `PREFILL_CHUNK` (64) at a time through one captured graph (eager where none
+    fits).
 
     Why: eager prefill of a ~150-token prompt launches every kernel from Python (~60 ms for the 1.5B
-    target on the H200, a quarter of a 128-token request); ten replays of the fused T = 16 graph do the
-    same work. The last chunk is padded with its last token: the padded rows write cache slots after the
-    prompt, which later tokens overwrite before anything attends to them."""
+    target on the H200, a quarter of a 128-token request); three replays of the fused T = 64 graph do the
+    same work, each streaming the weights once (`fused.ROW_TILES_PER_PROGRAM`). The last chunk is padded with
+    its last token: the padded rows write cache slots after the prompt, which later tokens overwrite before
+    anything attends to them."""
     for i in range(0, len(tokens), PREFILL_CHUNK):
         chunk = tokens[i : i + PREFILL_CHUNK]
         runner = token_graph(gm, chunk + [chunk[-1]] * (PREFILL_CHUNK - len(chunk)), start_pos + i, True)

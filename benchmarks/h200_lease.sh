@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 16's lease script, in two parts so the kernel measurements run while the GGUF chunks travel (until
+# 2026-12-04 evening named h200_pdl.sh, which swept block sizes in its first part; the shipped table is used
+# now). OUT must not be /root/out: that is the device tool's $OUT, emptied at every call.
+#
+#   bash benchmarks/h200_lease.sh kernels OUT        # first call (no model weights needed):
+#     1. the gpu-marked kernel, graph and tree tests (bit-identical rows for T = 1..64 among them);
+#     2. benchmarks/gpu_rows.py --profile: device time per kernel at T = 1 / 16 / 64, the code variants side by
+#        side (a program per row tile against shared weight and K/V tiles, PDL off), rows x contexts,
+#        invariance, cuBLAS;
+#   bash benchmarks/h200_lease.sh pair CHUNKS OUT     # after the chunks arrived, with drafts/ carried:
+#     3. waits for part 1 (one GPU: timings must not overlap);
+#     4. gpu_speed --phases dfvg --ks 4 with --trees' shapes: DFVG plain, chain and trees with the 0.5B and the
+#        distilled draft on the 20 held-out prompts; --phases llama_cpp,report (llama.cpp built in the
+#        background by a separate command of the first call: llama_cpp_peer.build into /root/w/peers);
+#     5. dfvg generate on one held-out prompt: plain, the distilled chain, its dynamic:16 tree;
+#     6. --phases hf_eager,hf_static,hf_assist,report --ks 4 (last: the part that may be cut short).
+# Each part copies the repository first, so calls made while it runs may resync the working tree.
+# Usage there: (setsid nohup bash benchmarks/h200_lease.sh kernels /root/kout > /root/kernels.log 2>&1 &)
+#             (setsid nohup bash benchmarks/h200_lease.sh pair /root/g /root/pout > /root/pair.log 2>&1 &)
+set -euo pipefail
+part=$1
+out=${*: -1}
+case $out in /root/out | /root/out/*) echo "error: $out is the device tool's \$OUT, emptied at every call" >&2; exit 2;; esac
+if [ "$part" = kernels ]; then
+  trap 'echo KERNELS_FAILED' ERR
+  rm -rf /root/repo_k && cp -r "$(dirname "$0")/.." /root/repo_k && cd /root/repo_k
+  mkdir -p "$out"
+  python3 -m pytest -q -m gpu tests/test_gpu_fused.py tests/test_tree_device.py tests/test_gpu_graphs.py \
+    tests/test_gpu_kernels.py > "$out/gpu_tests.log" 2>&1 || true
+  tail -3 "$out/gpu_tests.log"
+  python3 benchmarks/gpu_rows.py --profile --out "$out/rows" 2>&1 | tee "$out/rows.log"
+  echo KERNELS_DONE
+  exit 0
+fi
+chunks=$2
+mkdir -p "$out"
+for _ in $(seq 1 360); do  # give up after 30 min
+  grep -q KERNELS_DONE /root/kernels.log 2>/dev/null && break
+  grep -q KERNELS_FAILED /root/kernels.log 2>/dev/null && break
+  sleep 5
+done
+rm -rf /root/repo && cp -r "$(dirname "$0")/.." /root/repo && cd /root/repo
+draft_weights=$(ls drafts/*/model.safetensors)
+# shellcheck source=benchmarks/h200_weights.sh
+source benchmarks/h200_weights.sh
+python3 scripts/download_models.py --cache-dir /root/cache 2>&1 | tail -2
+common=(--gguf-dir /root/cache/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20
+        --results /root/res --out "$out" --llama-src /root/peers.tar.gz)
+python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "2,2,1,1 4,2,1,1 dynamic:16 dynamic:40" \
+  "${common[@]}" 2>&1 | tee "$out/gpu_speed_dfvg.log"
+python3 benchmarks/gpu_speed.py --phases llama_cpp,report "${common[@]}" 2>&1 | tee "$out/gpu_speed_llama.log"
+prompt=$(python3 -c "import json; print(json.loads(open('data/humaneval-heldout.jsonl').readline())['prompt'])")
+distilled=models/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768
+i=0
+for flags in "--no-draft" "--draft $distilled --draft-length 4" "--draft $distilled --draft-length 4 --tree dynamic:16"; do
+  i=$((i + 1)) name=$i$(echo "$flags" | tr -c 'a-z0-9\n' '_' | tail -c 24)
+  # shellcheck disable=SC2086
+  python3 -m dfvg generate --target models/qwen2.5-coder-1.5b-instruct $flags --device cuda --raw-prompt \
+    --prompt "$prompt" --max-new-tokens 128 --json > "$out/generate$name.json" || true
+  python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['stats']; print(sys.argv[1], round(s['tokens_per_second'],1), 'tok/s, tau', round(s['mean_accepted_length'],2))" "$out/generate$name.json" || true
+done
+python3 benchmarks/gpu_speed.py --phases hf_eager,hf_static,hf_assist,report --ks 4 "${common[@]}" 2>&1 \
+  | tee "$out/gpu_speed_hf.log"
+echo DONE
