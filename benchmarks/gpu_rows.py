@@ -190,17 +190,19 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     """Code variants timed side by side: the module switches (PDL, row tiles per program, shared K/V) and a
     block-size table each. The first is the code before this change, the last the one shipped now."""
     shipped = {"pdl": True, "table": "shipped", "row_tiles": fused.ROW_TILES_PER_PROGRAM,
-               "share_kv": decode_attention.SHARE_KV}
-    modes = {"a program per row tile, K/V per token": {**shipped, "row_tiles": 1, "share_kv": False},
-             "weight tiles shared by row tiles": {**shipped, "share_kv": False},
-             "weight tiles and K/V shared (shipped)": shipped,
-             "shipped without PDL": {**shipped, "pdl": False}}
+               "share_kv": decode_attention.SHARE_KV, "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM}
+    modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
+                                                                      "split_programs": None},
+             "K/V shared, a split program per (kv, split, token)": {**shipped, "split_programs": None},
+             "K/V shared, 8 split programs per SM (shipped)": shipped,
+             "shipped with 4 row tiles per GEMV program": {**shipped, "row_tiles": 4}}
     return modes | {f"shipped with the {name} block sizes": {**shipped, "table": name}
                     for name in tables if name != "shipped"}
 
 
 def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
+    decode_attention.SPLIT_PROGRAMS_PER_SM = mode["split_programs"]
     fused.ROW_TILES_PER_PROGRAM = mode["row_tiles"]
     block_sizes.TUNED.clear()
     block_sizes.apply_tuned(tables[mode["table"]])
@@ -217,7 +219,7 @@ def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None
         raise SystemExit(f"unknown launch mode(s) {sorted(unknown)}; known: {'; '.join(modes)}")
     modes = {name: mode for name, mode in modes.items() if not only or name in only}
     shipped = {"pdl": decode_attention.PDL, "table": "shipped", "row_tiles": fused.ROW_TILES_PER_PROGRAM,
-               "share_kv": decode_attention.SHARE_KV}
+               "share_kv": decode_attention.SHARE_KV, "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM}
     graphs = {}
     try:
         for name, mode in modes.items():

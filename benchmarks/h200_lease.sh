@@ -26,10 +26,10 @@ if [ "$part" = kernels ]; then
   trap 'echo KERNELS_FAILED' ERR
   rm -rf /root/repo_k && cp -r "$(dirname "$0")/.." /root/repo_k && cd /root/repo_k
   mkdir -p "$out"
-  python3 -m pytest -q -m gpu tests/test_gpu_fused.py tests/test_tree_device.py tests/test_gpu_graphs.py \
-    tests/test_gpu_kernels.py > "$out/gpu_tests.log" 2>&1 || true
+  python3 -m pytest -q -m gpu tests/test_gpu_fused.py tests/test_tree_device.py ${KERNEL_TESTS:-tests/test_gpu_graphs.py \
+    tests/test_gpu_kernels.py} > "$out/gpu_tests.log" 2>&1 || true
   tail -3 "$out/gpu_tests.log"
-  python3 benchmarks/gpu_rows.py --profile --out "$out/rows" 2>&1 | tee "$out/rows.log"
+  python3 benchmarks/gpu_rows.py --profile ${ROWS_FLAGS:-} --out "$out/rows" 2>&1 | tee "$out/rows.log"
   echo KERNELS_DONE
   exit 0
 fi

@@ -193,26 +193,30 @@ def invariance_failures(device: str, max_rows: int, splits=(1, 3)) -> list[str]:
     pos = torch.arange(slots - max_rows, slots, device=device)
     dims = (heads, kv_heads, hd, 0, 1e-6)
     alone = torch.cat([attention(q[i:i + 1], kc, vc, pos[i:i + 1], dims) for i in range(max_rows)])
-    for wanted in (None, 1, 9):  # a program per token; all tokens in one program per split; 2 or 3 per program
-        with attention_programs(wanted):
-            failures += [f"attention T={t} programs {wanted}" for t in (2, 5, max_rows)
+    # as shipped; all tokens of a split in one work item, 3 programs taking the items in turn; 2-3 tokens per item
+    for wanted, programs in ((None, None), (1, 3), (9, None)):
+        with attention_programs(wanted, programs):
+            failures += [f"attention T={t} items {wanted} programs {programs}" for t in (2, 5, max_rows)
                          if not torch.equal(attention(q[:t], kc, vc, pos[:t], dims), alone[:t])]
     return failures
 
 
 @contextlib.contextmanager
-def attention_programs(wanted: int | None):
-    """Attention launches aim at `wanted` busy programs (None: as shipped). With few, a split's program takes
-    several tokens of the step, which must not change a bit of any token's output."""
+def attention_programs(wanted: int | None, programs: int | None = None):
+    """Attention's split launch aims at `wanted` work items and has `programs` programs (None: as shipped). With
+    few, an item takes several tokens of the step and a program several items, which must not change a bit of
+    any token's output."""
     from dfvg.gpu import decode_attention
 
-    shipped = decode_attention._programs_wanted
+    shipped = decode_attention._programs_wanted, decode_attention._split_programs
     if wanted is not None:
         decode_attention._programs_wanted = lambda device: wanted
+    if programs is not None:
+        decode_attention._split_programs = lambda device: programs
     try:
         yield
     finally:
-        decode_attention._programs_wanted = shipped
+        decode_attention._programs_wanted, decode_attention._split_programs = shipped
 
 
 @pytest.mark.gpu

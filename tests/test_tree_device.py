@@ -134,10 +134,12 @@ def tree_attention_failures(device: str) -> list[str]:
     q = torch.randn(len(parents) + 1, heads * hd).to(device, torch.bfloat16)
     dims = (heads, kv_heads, hd, 0, 1e-6)
     failures = []
-    for wanted in (None, 1):  # a program per node; every node in one program per split (shared below the root)
-        with attention_programs(wanted):
+    # as shipped (an item per node); every node in one item per split, 2 programs taking the items in turn
+    for wanted, programs in ((None, None), (1, 2)):
+        with attention_programs(wanted, programs):
             got = attention(q, kc, vc, pos, dims, (torch.tensor([root], device=device), ancestors))
-        failures += [f"programs {wanted}: {f}" for f in _chain_mismatches(got, q, kc, vc, pos, dims, chains, root)]
+        failures += [f"items {wanted}, programs {programs}: {f}"
+                     for f in _chain_mismatches(got, q, kc, vc, pos, dims, chains, root)]
     return failures
 
 

@@ -99,43 +99,57 @@ if HAVE_TRITON:
         tl.store(acc_ptr + state[:, None] * HD + d[None, :], _dot(p.to(values.dtype), values, F32),
                  mask=live[:, None])
 
+    @triton.jit
+    def _split_tokens(q_ptr, kc_ptr, vc_ptr, pos_ptr, root_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, rows, scale, kv,
+                      split, first, groups, end, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
+                      F32: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, TREE: tl.constexpr,
+                      DEPTH: tl.constexpr):
+        """One split's K and V tile of kv head `kv`, loaded once, against tokens first, first + groups, ..
+        (`_token_split` each). With TREE, a split with positions past the root is loaded per token: those
+        positions read the token's ancestors' slots (`_source_slots`)."""
+        d = tl.arange(0, HD)
+        s = split * BS + tl.arange(0, BS)
+        offs = s[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
+        shared_keys = tl.load(kc_ptr + offs, mask=(s < end)[:, None], other=0.0)
+        shared_values = tl.load(vc_ptr + offs, mask=(s < end)[:, None], other=0.0)
+        for t in range(first, rows, groups):
+            keys = shared_keys
+            values = shared_values
+            if TREE:
+                if split * BS + BS - 1 > tl.load(root_ptr):  # some of these positions are ancestors' slots
+                    src = _source_slots(s, t, tl.load(pos_ptr + t), root_ptr, anc_ptr, TREE, DEPTH)
+                    at = src[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
+                    keys = tl.load(kc_ptr + at, mask=(s < end)[:, None], other=0.0)
+                    values = tl.load(vc_ptr + at, mask=(s < end)[:, None], other=0.0)
+            _token_split(q_ptr, keys, values, s, t, pos_ptr, m_ptr, l_ptr, acc_ptr, rows, scale, kv, split,
+                         HEADS, KV_HEADS, HD, F32, BM)
+
     @triton.jit(do_not_specialize=["rows", "wanted"])
     def _attention_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, root_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, rows,
                                 wanted, scale, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
                                 F32: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, TREE: tl.constexpr,
                                 DEPTH: tl.constexpr, PDL: tl.constexpr):
-        """Program (kv head, split, token group g): the split's K and V tile, loaded once, against tokens g,
-        g + G, .. (`_token_split` per token), where G keeps about `wanted` programs busy: one token per program
-        at a short context, every token of the step in one program at a long one (each then reads the cache
-        once, not once per token). A token's arithmetic does not depend on G.
+        """Work items (kv head, live split, token group g), taken by the launch's programs in turn: each loads
+        the split's K and V tile once for tokens g, g + G, .. (`_split_tokens`), where G keeps about `wanted`
+        items: one token per item at a short context, every token of the step in one item at a long one (the
+        cache is then read once per step, not once per token). A token's arithmetic does not depend on G or
+        on which program takes the item.
 
         Split over slots (flash decoding) because one program per head walks ~400 slots in sequence; here
-        each program reads one tile of K and V, and `_attention_combine_kernel` merges the splits. With TREE,
-        positions past the root read the slots of token t's ancestors (`_source_slots`): a tree node then
-        computes exactly what the same token computes on a chain, where its ancestors sit at those positions;
-        a split past the root is then loaded per token."""
+        each item reads one tile of K and V, and `_attention_combine_kernel` merges the splits. Items, not a
+        grid over the cache's capacity: a graph replays at any position, so the grid cannot know the context,
+        and a 32k cache at a 512-token context left 97 % of a (kv, split, token) grid idle (the T = 16 step's
+        attention took 17 us a layer against 3.8 at T = 1, H200, 2026-12-04 night)."""
         _after_previous_launch(PDL)
-        kv = tl.program_id(0)
-        split = tl.program_id(1)
         end = tl.load(pos_ptr + rows - 1) + 1  # positions ascend: the last row sees the most slots
-        groups = tl.minimum(rows, tl.maximum(1, tl.cdiv(wanted, KV_HEADS * tl.cdiv(end, BS))))
-        if (split * BS < end) & (tl.program_id(2) < groups):
-            d = tl.arange(0, HD)
-            s = split * BS + tl.arange(0, BS)
-            offs = s[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
-            shared_keys = tl.load(kc_ptr + offs, mask=(s < end)[:, None], other=0.0)
-            shared_values = tl.load(vc_ptr + offs, mask=(s < end)[:, None], other=0.0)
-            for t in range(tl.program_id(2), rows, groups):
-                keys = shared_keys
-                values = shared_values
-                if TREE:
-                    if split * BS + BS - 1 > tl.load(root_ptr):  # some of these positions are ancestors' slots
-                        src = _source_slots(s, t, tl.load(pos_ptr + t), root_ptr, anc_ptr, TREE, DEPTH)
-                        at = src[:, None] * (KV_HEADS * HD) + kv * HD + d[None, :]
-                        keys = tl.load(kc_ptr + at, mask=(s < end)[:, None], other=0.0)
-                        values = tl.load(vc_ptr + at, mask=(s < end)[:, None], other=0.0)
-                _token_split(q_ptr, keys, values, s, t, pos_ptr, m_ptr, l_ptr, acc_ptr, rows, scale, kv, split,
-                             HEADS, KV_HEADS, HD, F32, BM)
+        live = tl.cdiv(end, BS)
+        groups = tl.minimum(rows, tl.maximum(1, tl.cdiv(wanted, KV_HEADS * live)))
+        for item in range(tl.program_id(0), KV_HEADS * live * groups, tl.num_programs(0)):
+            item = item.to(tl.int32)  # (positions are int64 tensors; slots and splits stay int32, as at T = 1)
+            _split_tokens(q_ptr, kc_ptr, vc_ptr, pos_ptr, root_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, rows, scale,
+                          item % KV_HEADS, (item // KV_HEADS) % live.to(tl.int32),
+                          item // (KV_HEADS * live.to(tl.int32)), groups.to(tl.int32), end,
+                          HEADS, KV_HEADS, HD, F32, BM, BS, TREE, DEPTH)
 
     @triton.jit(do_not_specialize=["rows"])
     def _attention_combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
@@ -181,6 +195,19 @@ TILE = 16  # query rows of one attention tile: one token's GQA heads, padded (th
 SHARE_KV = True
 
 
+# Programs of the attention split launch per SM, each taking work items in turn (None: one program per
+# (kv head, split, token) of the cache's capacity, most of them idle at a short context; benchmarks compare).
+SPLIT_PROGRAMS_PER_SM: int | None = 8
+
+
+def _split_programs(device: torch.device) -> int:
+    """Programs of the split launch on `device` (`SPLIT_PROGRAMS_PER_SM`)."""
+    if SPLIT_PROGRAMS_PER_SM is None:
+        return 2 ** 31 - 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    return SPLIT_PROGRAMS_PER_SM * sms
+
+
 def _programs_wanted(device: torch.device) -> int:
     """About how many attention programs keep `device` busy (2 per SM); with SHARE_KV off, no limit."""
     if not SHARE_KV:
@@ -205,12 +232,11 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
     acc = torch.empty(splits, kv_heads, rows, TILE, hd, dtype=torch.float32, device=q.device)
     root, anc = tree if tree is not None else (pos, pos)
     pdl = pdl_on(q.device)
-    _attention_split_kernel[(kv_heads, splits, rows)](q, kc, vc, pos, root, anc, m, l_sum, acc, rows,
-                                                      _programs_wanted(q.device), 1.0 / math.sqrt(hd),
-                                                      HEADS=heads, KV_HEADS=kv_heads, HD=hd, F32=INTERPRETED,
-                                                      BM=TILE, BS=ATTENTION_SPLIT,
-                                                      TREE=tree is not None, DEPTH=anc.shape[-1] if tree else 1,
-                                                      PDL=pdl, num_warps=4, launch_pdl=pdl)
+    grid = (min(kv_heads * splits * rows, _split_programs(q.device)),)
+    _attention_split_kernel[grid](q, kc, vc, pos, root, anc, m, l_sum, acc, rows, _programs_wanted(q.device),
+                                  1.0 / math.sqrt(hd), HEADS=heads, KV_HEADS=kv_heads, HD=hd, F32=INTERPRETED,
+                                  BM=TILE, BS=ATTENTION_SPLIT, TREE=tree is not None,
+                                  DEPTH=anc.shape[-1] if tree else 1, PDL=pdl, num_warps=4, launch_pdl=pdl)
     out = torch.empty_like(q)
     block_d = min(hd, 32)
     _attention_combine_kernel[(heads, rows, hd // block_d)](pos, m, l_sum, acc, out, rows, HEADS=heads,

@@ -50,10 +50,12 @@ from dfvg.gpu.tree_rows import TreeRows
 
 TILE_ROWS = 16  # rows of one tensor-core tile (the smallest MMA height)
 MAX_ROWS = 64  # new tokens per launch: 4 row tiles
-# Row tiles one program multiplies into each weight tile it loads (up to 4, the kernels' accumulators): with 4,
-# a 17..64-row verify streams each weight once, as a one-row step does; with 1, each row tile is its own
-# program and re-reads the weights (from L2 at best; benchmarks set 1 to compare). A row's bits are the same.
-ROW_TILES_PER_PROGRAM = 4
+# Row tiles one program multiplies into each weight tile it loads (up to 4, the kernels' accumulators). With 4,
+# a 17..64-row verify streams each weight once from HBM, but each program then runs 4 dots per weight tile in
+# sequence: measured slower on the H200 (T = 64 at context 512: 6.31 against 5.34 ms with 1; benchmarks/
+# RESULTS.md, 2026-12-04 night), so each row tile is its own program and the weights come from L2 for the
+# tiles after the first. A row's bits are the same either way (benchmarks set it to compare).
+ROW_TILES_PER_PROGRAM = 1
 
 if HAVE_TRITON:
     import triton
