@@ -194,7 +194,7 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
                                                                       "split_programs": None},
              "K/V shared, a split program per (kv, split, token)": {**shipped, "split_programs": None},
-             "K/V shared, 8 split programs per SM (shipped)": shipped,
+             f"K/V shared, {shipped['split_programs']} split programs per SM (shipped)": shipped,
              "shipped with 4 row tiles per GEMV program": {**shipped, "row_tiles": 4}}
     return modes | {f"shipped with the {name} block sizes": {**shipped, "table": name}
                     for name in tables if name != "shipped"}

@@ -15,6 +15,8 @@
 #        background by a separate command of the first call: llama_cpp_peer.build into /root/w/peers);
 #     5. dfvg generate on one held-out prompt: plain, the distilled chain, its dynamic:16 tree;
 #     6. --phases hf_eager,hf_static,hf_assist,report --ks 4 (last: the part that may be cut short).
+# The kernels part takes KERNEL_TESTS (test files beside test_gpu_fused.py and test_tree_device.py; default: the
+# graph and kernel tests) and ROWS_FLAGS (extra gpu_rows.py flags, e.g. --modes-only) from the environment.
 # Each part copies the repository first, so calls made while it runs may resync the working tree.
 # Usage there: (setsid nohup bash benchmarks/h200_lease.sh kernels /root/kout > /root/kernels.log 2>&1 &)
 #             (setsid nohup bash benchmarks/h200_lease.sh pair /root/g /root/pout > /root/pair.log 2>&1 &)
@@ -50,16 +52,8 @@ common=(--gguf-dir /root/cache/gguf --work-dir /root/w --prompts-file .chunks/pr
 python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "2,2,1,1 4,2,1,1 dynamic:16 dynamic:40" \
   "${common[@]}" 2>&1 | tee "$out/gpu_speed_dfvg.log"
 python3 benchmarks/gpu_speed.py --phases llama_cpp,report "${common[@]}" 2>&1 | tee "$out/gpu_speed_llama.log"
-prompt=$(python3 -c "import json; print(json.loads(open('data/humaneval-heldout.jsonl').readline())['prompt'])")
-distilled=models/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768
-i=0
-for flags in "--no-draft" "--draft $distilled --draft-length 4" "--draft $distilled --draft-length 4 --tree dynamic:16"; do
-  i=$((i + 1)) name=$i$(echo "$flags" | tr -c 'a-z0-9\n' '_' | tail -c 24)
-  # shellcheck disable=SC2086
-  python3 -m dfvg generate --target models/qwen2.5-coder-1.5b-instruct $flags --device cuda --raw-prompt \
-    --prompt "$prompt" --max-new-tokens 128 --json > "$out/generate$name.json" || true
-  python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['stats']; print(sys.argv[1], round(s['tokens_per_second'],1), 'tok/s, tau', round(s['mean_accepted_length'],2))" "$out/generate$name.json" || true
-done
+# shellcheck source=benchmarks/h200_generate.sh
+source benchmarks/h200_generate.sh
 python3 benchmarks/gpu_speed.py --phases hf_eager,hf_static,hf_assist,report --ks 4 "${common[@]}" 2>&1 \
   | tee "$out/gpu_speed_hf.log"
 echo DONE

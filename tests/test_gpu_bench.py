@@ -154,3 +154,28 @@ def test_benchmark_prompts_put_the_drafts_held_out_prompts_first():
     assert sorted(t["id"] for t in ordered) == sorted(t["id"] for t in tasks)  # nothing lost or doubled
     rest = [t["id"] for t in ordered[len(held_out):]]
     assert rest == [t["id"] for t in tasks if t["id"] not in held_out]
+
+
+def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
+    """gpu_rows.py's first mode is the code before the attention change (ratios are against it), one mode is
+    exactly the shipped switches, and a mode's switches are set and then restored around the captures."""
+    from benchmarks import gpu_rows
+    from dfvg.gpu import block_sizes, decode_attention, fused
+
+    tables = {"shipped": block_sizes.tuned_rows(), "swept": [[1536, 1536, {"BN": 64, "BK": 64, "SPLIT_K": 1,
+                                                                        "num_warps": 4, "num_stages": 2}]]}
+    modes = gpu_rows.modes_of(tables)
+    before = next(iter(modes.values()))
+    assert before["share_kv"] is False and before["split_programs"] is None and before["row_tiles"] == 1
+    shipped = {"pdl": True, "table": "shipped", "row_tiles": fused.ROW_TILES_PER_PROGRAM,
+               "share_kv": decode_attention.SHARE_KV, "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM}
+    assert sum(mode == shipped for mode in modes.values()) == 1
+    assert modes["shipped with the swept block sizes"]["table"] == "swept"
+    try:
+        gpu_rows._set_mode(before, tables)
+        assert decode_attention.SPLIT_PROGRAMS_PER_SM is None and not decode_attention.SHARE_KV
+        gpu_rows._set_mode(modes["shipped with the swept block sizes"], tables)
+        assert block_sizes.linear_config(1536, 1536)["BN"] == 64
+    finally:
+        gpu_rows._set_mode(shipped, tables)
+    assert decode_attention.SHARE_KV and block_sizes.tuned_rows() == tables["shipped"]
