@@ -17,11 +17,13 @@ by CUDA events around replays (medians). What it measures:
 3. cuBLAS GEMMs of the same weight shapes for 1 / 5 / 16 / 64 rows in one graph (the physics beside it);
 4. batch invariance on the whole model: logits of a T-row step against T one-row steps from the same
    cache, bit for bit (`rows_identical` per T);
-5. code variants side by side (`modes_of`): the step at T = 1 .. 64 and contexts 512 and 32k with one
-   program per row tile and K/V read per token (the code before), with the weight tiles shared by a program's
-   row tiles (`fused.ROW_TILES_PER_PROGRAM`), with the K/V tile shared by a split's tokens too
-   (`decode_attention.SHARE_KV`, shipped), shipped without PDL, and shipped with each other table (e.g. the
-   sweep's), timed in alternating rounds; whether every mode's logits equal the first mode's bit for bit;
+5. code variants side by side (`modes_of`): the step at T = 1 .. 64 and contexts 512 and 32k with K/V read
+   per token and a split program per (kv head, split, token) of the cache (the code before), with the K/V tile
+   shared by a split's tokens
+   (`decode_attention.SHARE_KV`) and the split launch's programs taking work items in turn
+   (`decode_attention.SPLIT_PROGRAMS_PER_SM`; shipped), shipped with 4 row tiles per GEMV program, and shipped
+   with each other table (e.g. the sweep's), timed in alternating rounds; whether every mode's logits equal the
+   first mode's bit for bit;
    the faster block-size table on the whole step (fastest_tuned.json) is the one the rest of the run uses;
 6. `--profile`: device time per kernel name in a replayed step at T = 1, 16 and 64 (torch.profiler).
 """

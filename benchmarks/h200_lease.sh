@@ -6,8 +6,8 @@
 #   bash benchmarks/h200_lease.sh kernels OUT        # first call (no model weights needed):
 #     1. the gpu-marked kernel, graph and tree tests (bit-identical rows for T = 1..64 among them);
 #     2. benchmarks/gpu_rows.py --profile: device time per kernel at T = 1 / 16 / 64, the code variants side by
-#        side (a program per row tile against shared weight and K/V tiles, PDL off), rows x contexts,
-#        invariance, cuBLAS;
+#        side (gpu_rows.modes_of: K/V per token or shared, the attention grid, 4 row tiles per GEMV program),
+#        rows x contexts, invariance, cuBLAS;
 #   bash benchmarks/h200_lease.sh pair CHUNKS OUT     # after the chunks arrived, with drafts/ carried:
 #     3. waits for part 1 (one GPU: timings must not overlap);
 #     4. gpu_speed --phases dfvg --ks 4 with --trees' shapes: DFVG plain, chain and trees with the 0.5B and the

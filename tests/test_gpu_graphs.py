@@ -57,6 +57,22 @@ def test_graph_prefill_fills_the_cache_like_eager_feed(length):
     assert ("runner", "tokens", PREFILL_CHUNK, True) in gm.graphs  # one graph served every chunk
 
 
+def test_graph_prefill_near_the_end_of_the_cache_takes_the_same_forward(monkeypatch):
+    """A padded chunk that would run into the scratch slots is fed through `GraphModel.forward`, unpadded (on
+    the GPU the same fused rows as the graph), never through the model's eager feed: the prompt's K/V must
+    not depend on how large a run made its cache."""
+    model = tiny("qwen2", 0)
+    gm = GraphModel(model, compile_blocks=False)
+    gm.ensure_cache(100)  # the second 64-row chunk (positions 64..127) would reach past scratch_pos = 100
+    ids = torch.randint(0, 96, (91,)).tolist()
+    monkeypatch.setattr(model, "feed", lambda *a, **k: pytest.fail("graph_prefill fed the model eagerly"))
+    with torch.inference_mode():
+        want = model(torch.tensor([ids]), torch.arange(91)[None])[0, -1]
+        graph_prefill(gm, ids[:-1])
+        got = gm.forward(torch.tensor([ids[-1:]]), torch.tensor([90]))[0]
+    assert torch.allclose(got, want, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def pair():
     return tiny("qwen2", 1), tiny("qwen2", 2, num_hidden_layers=1, hidden_size=32, intermediate_size=48)

@@ -3,8 +3,8 @@
 Why split: one program per query head walks ~400 cache slots one tile after another (16.6 us per layer on
 the H200); with one program per (kv head, 64-slot split) every program reads one K and one V tile, and a
 second launch merges the partial softmax states. The GQA query heads of one token share a tile. A verify
-step's tokens share a split's program when the context alone fills the GPU (`SHARE_KV`), so K/V are read once
-per step; at a short context each token takes its own program (more parallel work, K/V from L2).
+step's tokens share a split's K/V load when the context alone fills the GPU (`SHARE_KV`), so K/V are read once
+per step; at a short context the tokens spread over more work items (more parallel work, K/V from L2).
 
 One token per tile, at the same tile rows whatever the row count: a verify row is then computed exactly as
 a one-token decode step computes it (`dfvg.gpu.fused`, batch-invariant rows). Packing several tokens into
@@ -131,9 +131,9 @@ if HAVE_TRITON:
                                 DEPTH: tl.constexpr, PDL: tl.constexpr):
         """Work items (kv head, live split, token group g), taken by the launch's programs in turn: each loads
         the split's K and V tile once for tokens g, g + G, .. (`_split_tokens`), where G keeps about `wanted`
-        items: one token per item at a short context, every token of the step in one item at a long one (the
-        cache is then read once per step, not once per token). A token's arithmetic does not depend on G or
-        on which program takes the item.
+        items: at a short context a few tokens per item (one up to ~16 rows at 512 tokens), at a long one every
+        token of the step in one item (the cache is then read once per step, not once per token). A token's
+        arithmetic does not depend on G or on which program takes the item.
 
         Split over slots (flash decoding) because one program per head walks ~400 slots in sequence; here
         each item reads one tile of K and V, and `_attention_combine_kernel` merges the splits. Items, not a
@@ -145,7 +145,7 @@ if HAVE_TRITON:
         live = tl.cdiv(end, BS)
         groups = tl.minimum(rows, tl.maximum(1, tl.cdiv(wanted, KV_HEADS * live)))
         for item in range(tl.program_id(0), KV_HEADS * live * groups, tl.num_programs(0)):
-            item = item.to(tl.int32)  # (positions are int64 tensors; slots and splits stay int32, as at T = 1)
+            item = tl.cast(item, tl.int32)  # (positions are int64; slots and splits stay int32, as at T = 1)
             _split_tokens(q_ptr, kc_ptr, vc_ptr, pos_ptr, root_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, rows, scale,
                           item % KV_HEADS, (item // KV_HEADS) % live.to(tl.int32),
                           item // (KV_HEADS * live.to(tl.int32)), groups.to(tl.int32), end,

@@ -4,7 +4,7 @@ Why: at batch 1 a 1.5B decode step reads 3 GB of weights (0.72 ms at 4.3 TB/s), 
 replays ~20 kernels per layer; inside a CUDA graph each still costs microseconds. Here a layer is
 
 1. `qkv_rope`:     RMSNorm -> x Wqkv^T + b -> RoPE on q and k -> q to a buffer, k and v into the cache at pos
-2. `attention`:    per (kv head, 64-slot split, row tile) partial softmax, then the merge
+2. `attention`:    per (kv head, 64-slot split, token group) partial softmax, then the merge
 3. `fused_linear`: x + attn Wo^T (+ b)
 4. `fused_linear`: RMSNorm -> silu(x Wg^T) * (x Wu^T)
 5. `fused_linear`: x + h W2^T
@@ -20,9 +20,9 @@ every row count runs the same code per row:
 
 - rows go through tensor-core tiles of a fixed height (`TILE_ROWS`): one row of a decode step is row 0 of
   a tile padded with zeros, and a row's products and their summation order do not depend on the tile's
-  other rows; more than `TILE_ROWS` rows take more tiles, up to 4 in one program, which multiplies each
-  weight tile it loads into every row tile, each its own dot (`dfvg.gpu.gemv_stream`): a 64-row verify
-  streams the weights once;
+  other rows; more than `TILE_ROWS` rows take more tiles, each its own program next to the others (so the
+  weight tile each loads comes from HBM once and from L2 after; `ROW_TILES_PER_PROGRAM` > 1 instead
+  multiplies each loaded weight tile into several row tiles, each its own dot: `dfvg.gpu.gemv_stream`);
 - block sizes and split-K depend on the weight shape only (`dfvg.gpu.block_sizes`), never on T;
 - split-K partial sums are added in split order by the last program to finish (a per-tile counter), not
   by atomics, so the order is fixed;
@@ -52,9 +52,9 @@ TILE_ROWS = 16  # rows of one tensor-core tile (the smallest MMA height)
 MAX_ROWS = 64  # new tokens per launch: 4 row tiles
 # Row tiles one program multiplies into each weight tile it loads (up to 4, the kernels' accumulators). With 4,
 # a 17..64-row verify streams each weight once from HBM, but each program then runs 4 dots per weight tile in
-# sequence: measured slower on the H200 (T = 64 at context 512: 6.31 against 5.34 ms with 1; benchmarks/
-# RESULTS.md, 2026-12-04 night), so each row tile is its own program and the weights come from L2 for the
-# tiles after the first. A row's bits are the same either way (benchmarks set it to compare).
+# sequence: measured slower on the H200 (the T = 64 step at context 512: 6.488 against 5.340 ms with 1;
+# benchmarks/RESULTS.md, 2026-12-04 17:48 UTC), so each row tile is its own program and the weights come from
+# L2 for the tiles after the first. A row's bits are the same either way (benchmarks set it to compare).
 ROW_TILES_PER_PROGRAM = 1
 
 if HAVE_TRITON:

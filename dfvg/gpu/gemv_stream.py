@@ -1,5 +1,6 @@
 """The weight stream under every fused GEMV launch (`dfvg.gpu.fused`): the K loop, RMSNorm's prologue and
-the fixed-order split-K reduction, for up to 4 row tiles that share each weight tile a program loads.
+the fixed-order split-K reduction, for up to 4 row tiles that share each weight tile a program loads (1 is
+shipped: `fused.ROW_TILES_PER_PROGRAM`).
 
 Why here and not in `fused`: both launches (QKV + RoPE, and the plain/SwiGLU/residual linear) run this same
 loop and differ only in their epilogues; the rules that make rows batch-invariant live in one place:
@@ -62,9 +63,9 @@ if HAVE_TRITON:
         """Row tiles t0, t0+BT, .. (TILES <= 4 of them) of A times weight rows row0..row0+BN (and row1.. with
         PAIR) over columns k_lo..k_lo+k_len -> float32 [BT, BN] accumulators (tile 0 first, PAIR's second).
 
-        Each weight tile is loaded once and multiplied into every row tile: a 64-row verify streams the weights
-        once, as a one-row step does. Every tile is its own BT-row dot, in the same k order, so a row's sums do
-        not depend on how many tiles share the program (batch-invariant rows)."""
+        Each weight tile is loaded once and multiplied into every row tile of the program. Every tile is its
+        own BT-row dot, in the same k order, so a row's sums do not depend on how many tiles share the program
+        (batch-invariant rows)."""
         r0 = tl.full((BT,), 1.0, tl.float32)
         r1 = r0
         r2 = r0

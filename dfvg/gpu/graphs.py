@@ -225,14 +225,17 @@ def graph_prefill(gm: GraphModel, tokens: list[int], start_pos: int = 0) -> None
 
     Why: eager prefill of a ~150-token prompt launches every kernel from Python (~60 ms for the 1.5B
     target on the H200, a quarter of a 128-token request); three replays of the fused T = 64 graph do the
-    same work, each streaming the weights once (`fused.ROW_TILES_PER_PROGRAM`). The last chunk is padded with
-    its last token: the padded rows write cache slots after the prompt, which later tokens overwrite before
-    anything attends to them."""
+    same work. The last chunk is padded with its last token: the padded rows write cache slots after the
+    prompt, which later tokens overwrite before anything attends to them. A padded chunk that would run into
+    the scratch slots goes through `gm.forward` unpadded: the same fused rows, bit for bit, so the prompt's K/V
+    do not depend on the cache size (plain and speculative runs size it differently)."""
     for i in range(0, len(tokens), PREFILL_CHUNK):
         chunk = tokens[i : i + PREFILL_CHUNK]
         runner = token_graph(gm, chunk + [chunk[-1]] * (PREFILL_CHUNK - len(chunk)), start_pos + i, True)
         if runner is None:
-            gm.model.feed(chunk, start_pos + i, last_only=True)
+            with torch.inference_mode():
+                gm.forward(torch.tensor([chunk], device=gm.device),
+                           torch.arange(start_pos + i, start_pos + i + len(chunk), device=gm.device), True)
         else:
             runner.run(chunk, start_pos + i)
 
