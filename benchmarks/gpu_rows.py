@@ -10,8 +10,9 @@ the shapes only; token-level results are gpu_speed.py's). Each row is the produc
 by CUDA events around replays (medians). What it measures:
 
 1. `--sweep`: each weight shape's launch alone (28 copies in one graph, so L2 never holds the matrix) over
-   block sizes, at T = 1 and T = 5; the best (sum of both) goes into `block_sizes.TUNED` for the rest of the run
-   and into tuned.json (gpu_speed.py --tuned applies it to the real pair);
+   block sizes, at T = 1 and T = 5 (`--sweep-rows`); the best (sum over the row counts) goes into
+   `block_sizes.TUNED` for the rest of the run and into tuned.json (gpu_speed.py --tuned applies it to the real
+   pair);
 2. the whole target step at T = 1 .. 64 rows at 512, 2k, 8k and 32k tokens of context: ms, the ratio to
    T = 1 at the same context, and the bytes streamed (weights + the K/V cache read) per second;
 3. cuBLAS GEMMs of the same weight shapes for 1 / 5 / 16 / 64 rows in one graph (the physics beside it);
@@ -61,9 +62,12 @@ def shapes(cfg) -> dict[str, tuple[int, int, dict]]:
 
 def sweep_grid(n: int, k: int, norm: bool) -> list[dict]:
     """Block sizes to try: split-K where the output blocks alone leave SMs idle (< 4 per SM); launches with
-    RMSNorm read the whole row first, so they split only up to 4 ways."""
+    RMSNorm read the whole row first, so they split only up to 4 ways. BN 128 for wide weights: each weight
+    block's program reads its rows of x (twice with RMSNorm), so x's traffic from L2 is ~2 T / BN of the weight
+    bytes, which a many-row verify feels (benchmarks/RESULTS.md, 2026-12-04 17:48 UTC)."""
+    widths = (16, 32, 64, 128) if n >= 4096 else (16, 32, 64)
     return [{"BN": bn, "BK": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
-            for bn in (16, 32, 64) for bk in (128, 256) for split in (1, 2, 4, 8) for warps in (4, 8)
+            for bn in widths for bk in (128, 256) for split in (1, 2, 4, 8) for warps in (4, 8)
             for stages in (3, 4)
             if (split == 1 or (-(-n // bn) * split <= 2400 and (split <= 4 or not norm))) and k // split >= bk]
 
@@ -95,27 +99,29 @@ def time_launch(launch, weights: list, config: dict | None) -> float | None:
         return None
 
 
-def sweep(cfg) -> list[dict]:
-    """Every shape x config at T = 1 and 5; the best by the sum goes into block_sizes.TUNED."""
+def sweep(cfg, rows: tuple[int, ...] = (1, 5)) -> list[dict]:
+    """Every shape x config at each row count of `rows`; the best by the sum goes into block_sizes.TUNED (so
+    (1, 5, 16, 64) weighs the verify rows as much as the decode row)."""
     results = []
     for name, (n, k, opts) in shapes(cfg).items():
         rows_n = 2 * n if opts.get("swiglu") else n
         copies = max(2, min(28, -(-240_000_000 // (rows_n * k * 2))))
         weights = [torch.randn(rows_n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        launches = {t: launch_of(cfg, name, n, k, opts, t) for t in (1, 5)}
+        launches = {t: launch_of(cfg, name, n, k, opts, t) for t in rows}
         norm = name == "wqkv" or opts.get("norm", False)
         grid = [c for c in sweep_grid(n, k, norm) if name != "wqkv" or c["BN"] <= cfg.head_dim // 2]
         for config in grid:
-            us = {t: time_launch(launches[t], weights, config) for t in (1, 5)}
+            us = {t: time_launch(launches[t], weights, config) for t in rows}
             if None not in us.values():
-                results.append({"shape": name, "n": n, "k": k, "config": config, "us_T1": us[1], "us_T5": us[5],
-                                "TB_s_T1": rows_n * k * 2 / us[1] / 1e6})
+                results.append({"shape": name, "n": n, "k": k, "config": config,
+                                **{f"us_T{t}": us[t] for t in rows},
+                                f"TB_s_T{rows[0]}": rows_n * k * 2 / us[rows[0]] / 1e6})
         mine = [r for r in results if r["shape"] == name]
-        best = min(mine, key=lambda r: r["us_T1"] + r["us_T5"])
+        best = min(mine, key=lambda r: sum(r[f"us_T{t}"] for t in rows))
         block_sizes.apply_tuned([[n, k, best["config"]]])
         best["best"] = True
-        print(f"  {name:8s} {n}x{k}: best {best['config']} T=1 {best['us_T1']:.1f} us ({best['TB_s_T1']:.2f} "
-              f"TB/s), T=5 {best['us_T5']:.1f} us", flush=True)
+        print(f"  {name:8s} {n}x{k}: best {best['config']} " + ", ".join(f"T={t} {best[f'us_T{t}']:.1f} us"
+                                                                         for t in rows), flush=True)
         del weights
     return results
 
@@ -312,6 +318,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=".")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sweep-rows", default="1,5", help="row counts whose summed launch time the sweep minimizes "
+                   "(first: the one whose TB/s is reported), e.g. 1,5,16,64")
     p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply instead of sweeping")
     p.add_argument("--modes-only", action="store_true", help="only the launch-mode comparison")
     p.add_argument("--modes", default="", help="launch modes to run, separated by ';' (default: all)")
@@ -329,7 +337,7 @@ def main(argv=None) -> None:
         block_sizes.apply_tuned(json.loads(Path(args.tuned).read_text()))
         tables["given"] = block_sizes.tuned_rows()
     if args.sweep:
-        result["sweep"] = sweep(cfg)
+        result["sweep"] = sweep(cfg, tuple(int(t) for t in args.sweep_rows.split(",")))
         (out / "tuned.json").write_text(json.dumps(block_sizes.tuned_rows()))
         tables["swept"] = block_sizes.tuned_rows()
     model = random_model(cfg)

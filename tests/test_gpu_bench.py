@@ -179,3 +179,14 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     finally:
         gpu_rows._set_mode(shipped, tables)
     assert decode_attention.SHARE_KV and block_sizes.tuned_rows() == tables["shipped"]
+
+
+def test_sweep_grid_tries_wide_blocks_for_wide_weights_only():
+    """BN 128 (x read from L2 4x less often by a many-row verify) for the gate/up and LM-head shapes; RMSNorm
+    launches split K at most 4 ways; no split leaves a program less than one BK step."""
+    from benchmarks.gpu_rows import sweep_grid
+
+    wide, narrow = sweep_grid(8960, 1536, norm=True), sweep_grid(1536, 1536, norm=False)
+    assert {c["BN"] for c in wide} == {16, 32, 64, 128} and {c["BN"] for c in narrow} == {16, 32, 64}
+    assert max(c["SPLIT_K"] for c in wide) <= 4
+    assert all(1536 // c["SPLIT_K"] >= c["BK"] for c in wide + narrow)
