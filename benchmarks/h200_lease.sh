@@ -18,6 +18,10 @@
 # The kernels part takes KERNEL_TESTS (test files beside test_gpu_fused.py and test_tree_device.py; default: the
 # graph and kernel tests) and ROWS_FLAGS (extra gpu_rows.py flags, e.g. --modes-only) from the environment.
 # Each part copies the repository first, so calls made while it runs may resync the working tree.
+# Lessons of the leases that ran it: the machine is given back 30 s after a call returns even while these
+# parts run in the background (their files go with it), so keep calling (e.g. `sleep 200; tail log`) and edit
+# code only between such calls; `pkill -f PATTERN` also matches the call's own command line (write the pattern
+# as `lease[.]sh pai[r]`, and restart in a separate call).
 # Usage there: (setsid nohup bash benchmarks/h200_lease.sh kernels /root/kout > /root/kernels.log 2>&1 &)
 #             (setsid nohup bash benchmarks/h200_lease.sh pair /root/g /root/pout > /root/pair.log 2>&1 &)
 set -euo pipefail
