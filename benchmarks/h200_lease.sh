@@ -16,7 +16,7 @@
 #     5. dfvg generate on one held-out prompt: plain, the distilled chain, its dynamic:16 tree;
 #     6. --phases hf_eager,hf_static,hf_assist,report --ks 4 (last: the part that may be cut short).
 # The kernels part takes KERNEL_TESTS (test files beside test_gpu_fused.py and test_tree_device.py; default: the
-# graph and kernel tests) and ROWS_FLAGS (extra gpu_rows.py flags, e.g. --modes-only) from the environment.
+# graph and kernel tests; empty: none) and ROWS_FLAGS (extra gpu_rows.py flags, e.g. --modes-only) from the environment.
 # Each part copies the repository first, so calls made while it runs may resync the working tree.
 # Lessons of the leases that ran it: the machine is given back 30 s after a call returns even while these
 # parts run in the background (their files go with it), so keep calling (e.g. `sleep 200; tail log`) and edit
@@ -32,7 +32,7 @@ if [ "$part" = kernels ]; then
   trap 'echo KERNELS_FAILED' ERR
   rm -rf /root/repo_k && cp -r "$(dirname "$0")/.." /root/repo_k && cd /root/repo_k
   mkdir -p "$out"
-  python3 -m pytest -q -m gpu tests/test_gpu_fused.py tests/test_tree_device.py ${KERNEL_TESTS:-tests/test_gpu_graphs.py \
+  python3 -m pytest -q -m gpu tests/test_gpu_fused.py tests/test_tree_device.py ${KERNEL_TESTS-tests/test_gpu_graphs.py \
     tests/test_gpu_kernels.py} > "$out/gpu_tests.log" 2>&1 || true
   tail -3 "$out/gpu_tests.log"
   python3 benchmarks/gpu_rows.py --profile ${ROWS_FLAGS:-} --out "$out/rows" 2>&1 | tee "$out/rows.log"
