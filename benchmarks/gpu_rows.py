@@ -20,11 +20,9 @@ by CUDA events around replays (medians). What it measures:
    cache, bit for bit (`rows_identical` per T);
 5. code variants side by side (`modes_of`): the step at T = 1 .. 64 and contexts 512 and 32k with K/V read
    per token and a split program per (kv head, split, token) of the cache (the code before), with the K/V tile
-   shared by a split's tokens
-   (`decode_attention.SHARE_KV`) and the split launch's programs taking work items in turn
-   (`decode_attention.SPLIT_PROGRAMS_PER_SM`; shipped), shipped with 4 row tiles per GEMV program, and shipped
-   with each other table (e.g. the sweep's), timed in alternating rounds; whether every mode's logits equal the
-   first mode's bit for bit;
+   shared by a split's tokens (`decode_attention.SHARE_KV`), with the split launch's programs also taking work
+   items in turn (`decode_attention.SPLIT_PROGRAMS_PER_SM`; shipped), and shipped with each other table (e.g.
+   the sweep's), timed in alternating rounds; whether every mode's logits equal the first mode's bit for bit;
    the faster block-size table on the whole step (fastest_tuned.json) is the one the rest of the run uses;
 6. `--profile`: device time per kernel name in a replayed step at T = 1, 16 and 64 (torch.profiler).
 """
@@ -194,16 +192,20 @@ MODE_ROWS = (1, 5, 16, 17, 33, 64)
 MODE_CONTEXTS = (512, 32704)
 
 
+def current_mode() -> dict:
+    """The module switches as they are now (as shipped, outside `launch_modes`), with the shipped table."""
+    return {"pdl": decode_attention.PDL, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
+            "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM}
+
+
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
-    """Code variants timed side by side: the module switches (PDL, row tiles per program, shared K/V) and a
+    """Code variants timed side by side: the module switches (PDL, shared K/V, the attention grid) and a
     block-size table each. The first is the code before this change, the last the one shipped now."""
-    shipped = {"pdl": True, "table": "shipped", "row_tiles": fused.ROW_TILES_PER_PROGRAM,
-               "share_kv": decode_attention.SHARE_KV, "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM}
+    shipped = current_mode()
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
                                                                       "split_programs": None},
              "K/V shared, a split program per (kv, split, token)": {**shipped, "split_programs": None},
-             f"K/V shared, {shipped['split_programs']} split programs per SM (shipped)": shipped,
-             "shipped with 4 row tiles per GEMV program": {**shipped, "row_tiles": 4}}
+             f"K/V shared, {shipped['split_programs']} split programs per SM (shipped)": shipped}
     return modes | {f"shipped with the {name} block sizes": {**shipped, "table": name}
                     for name in tables if name != "shipped"}
 
@@ -211,7 +213,6 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
 def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
     decode_attention.SPLIT_PROGRAMS_PER_SM = mode["split_programs"]
-    fused.ROW_TILES_PER_PROGRAM = mode["row_tiles"]
     block_sizes.TUNED.clear()
     block_sizes.apply_tuned(tables[mode["table"]])
 
@@ -226,8 +227,7 @@ def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None
     if unknown:
         raise SystemExit(f"unknown launch mode(s) {sorted(unknown)}; known: {'; '.join(modes)}")
     modes = {name: mode for name, mode in modes.items() if not only or name in only}
-    shipped = {"pdl": decode_attention.PDL, "table": "shipped", "row_tiles": fused.ROW_TILES_PER_PROGRAM,
-               "share_kv": decode_attention.SHARE_KV, "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM}
+    shipped = current_mode()
     graphs = {}
     try:
         for name, mode in modes.items():

@@ -6,7 +6,7 @@
 #   bash benchmarks/h200_lease.sh kernels OUT        # first call (no model weights needed):
 #     1. the gpu-marked kernel, graph and tree tests (bit-identical rows for T = 1..64 among them);
 #     2. benchmarks/gpu_rows.py --profile: device time per kernel at T = 1 / 16 / 64, the code variants side by
-#        side (gpu_rows.modes_of: K/V per token or shared, the attention grid, 4 row tiles per GEMV program),
+#        side (gpu_rows.modes_of: K/V per token or shared, the attention grid),
 #        rows x contexts, invariance, cuBLAS;
 #   bash benchmarks/h200_lease.sh pair CHUNKS OUT     # after the chunks arrived, with drafts/ carried:
 #     3. waits for part 1 (one GPU: timings must not overlap);

@@ -160,15 +160,15 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     """gpu_rows.py's first mode is the code before the attention change (ratios are against it), one mode is
     exactly the shipped switches, and a mode's switches are set and then restored around the captures."""
     from benchmarks import gpu_rows
-    from dfvg.gpu import block_sizes, decode_attention, fused
+    from dfvg.gpu import block_sizes, decode_attention
 
     tables = {"shipped": block_sizes.tuned_rows(), "swept": [[1536, 1536, {"BN": 64, "BK": 64, "SPLIT_K": 1,
                                                                         "num_warps": 4, "num_stages": 2}]]}
     modes = gpu_rows.modes_of(tables)
     before = next(iter(modes.values()))
-    assert before["share_kv"] is False and before["split_programs"] is None and before["row_tiles"] == 1
-    shipped = {"pdl": True, "table": "shipped", "row_tiles": fused.ROW_TILES_PER_PROGRAM,
-               "share_kv": decode_attention.SHARE_KV, "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM}
+    assert before["share_kv"] is False and before["split_programs"] is None
+    shipped = {"pdl": True, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
+               "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM}
     assert sum(mode == shipped for mode in modes.values()) == 1
     assert modes["shipped with the swept block sizes"]["table"] == "swept"
     try:

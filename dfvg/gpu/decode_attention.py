@@ -200,21 +200,23 @@ SHARE_KV = True
 SPLIT_PROGRAMS_PER_SM: int | None = 8
 
 
+def _multiprocessors(device: torch.device) -> int:
+    """SMs of `device`; an H200's 132 off CUDA (the interpreter, on the CPU)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
 def _split_programs(device: torch.device) -> int:
     """Programs of the split launch on `device` (`SPLIT_PROGRAMS_PER_SM`)."""
     if SPLIT_PROGRAMS_PER_SM is None:
         return 2 ** 31 - 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    return SPLIT_PROGRAMS_PER_SM * sms
+    return SPLIT_PROGRAMS_PER_SM * _multiprocessors(device)
 
 
 def _programs_wanted(device: torch.device) -> int:
-    """About how many attention programs keep `device` busy (2 per SM); with SHARE_KV off, no limit."""
+    """About how many attention work items keep `device` busy (2 per SM); with SHARE_KV off, no limit."""
     if not SHARE_KV:
         return 2 ** 30
-    if device.type != "cuda":
-        return 264  # an H200's 2 x 132 (the interpreter, on the CPU)
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 2 * _multiprocessors(device)
 
 
 def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,

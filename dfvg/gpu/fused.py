@@ -21,8 +21,7 @@ every row count runs the same code per row:
 - rows go through tensor-core tiles of a fixed height (`TILE_ROWS`): one row of a decode step is row 0 of
   a tile padded with zeros, and a row's products and their summation order do not depend on the tile's
   other rows; more than `TILE_ROWS` rows take more tiles, each its own program next to the others (so the
-  weight tile each loads comes from HBM once and from L2 after; `ROW_TILES_PER_PROGRAM` > 1 instead
-  multiplies each loaded weight tile into several row tiles, each its own dot: `dfvg.gpu.gemv_stream`);
+  weight tile each loads comes from HBM once and from L2 after; `dfvg.gpu.gemv_stream`);
 - block sizes and split-K depend on the weight shape only (`dfvg.gpu.block_sizes`), never on T;
 - split-K partial sums are added in split order by the last program to finish (a per-tile counter), not
   by atomics, so the order is fixed;
@@ -50,12 +49,6 @@ from dfvg.gpu.tree_rows import TreeRows
 
 TILE_ROWS = 16  # rows of one tensor-core tile (the smallest MMA height)
 MAX_ROWS = 64  # new tokens per launch: 4 row tiles
-# Row tiles one program multiplies into each weight tile it loads (up to 4, the kernels' accumulators). With 4,
-# a 17..64-row verify streams each weight once from HBM, but each program then runs 4 dots per weight tile in
-# sequence: measured slower on the H200 (the T = 64 step at context 512: 6.488 against 5.340 ms with 1;
-# benchmarks/RESULTS.md, 2026-12-04 17:48 UTC), so each row tile is its own program and the weights come from
-# L2 for the tiles after the first. A row's bits are the same either way (benchmarks set it to compare).
-ROW_TILES_PER_PROGRAM = 1
 
 if HAVE_TRITON:
     import triton
@@ -86,29 +79,19 @@ if HAVE_TRITON:
     def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
                        K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, SPLIT_K: tl.constexpr, TILES: tl.constexpr, PDL: tl.constexpr):
+                       BK: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
-        block, split, t0, group = _program(tl.program_id(0), rows, SPLIT_K, BT, TILES)
+        block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         n0 = block * BN
         n_rows = 2 * N if SWIGLU else N
         _after_previous_launch(PDL)
-        a0, b0, a1, b1, a2, b2, a3, b3 = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0,
-                                                 split * k_len, k_len, K, eps, NORM, SWIGLU, F32, BT, BN, BK, TILES)
+        acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0, split * k_len, k_len, K,
+                              eps, NORM, SWIGLU, F32, BT, BN, BK)
         last = True
         if SPLIT_K > 1:
-            a0, b0, a1, b1, a2, b2, a3, b3, last = _reduce_splits(a0, b0, a1, b1, a2, b2, a3, b3, part_ptr,
-                                                                  count_ptr, group, split, SWIGLU, SPLIT_K, TILES,
-                                                                  BT, BN)
-        _linear_out(a0, b0, t0, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES, BT, BN)
-        if TILES > 1:
-            _linear_out(a1, b1, t0 + BT, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES,
-                        BT, BN)
-        if TILES > 2:
-            _linear_out(a2, b2, t0 + 2 * BT, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS,
-                        HAS_RES, BT, BN)
-        if TILES > 3:
-            _linear_out(a3, b3, t0 + 3 * BT, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS,
-                        HAS_RES, BT, BN)
+            acc, acc_up, last = _reduce_splits(acc, acc_up, part_ptr, count_ptr, tile, split, SWIGLU, SPLIT_K, BT,
+                                               BN)
+        _linear_out(acc, acc_up, t0, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES, BT, BN)
 
     @triton.jit
     def _rope_out(acc_lo, acc_hi, t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
@@ -155,73 +138,53 @@ if HAVE_TRITON:
                          part_ptr, count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr,
                          KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
                          BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
-                         TILES: tl.constexpr, PDL: tl.constexpr):
+                         PDL: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
         position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
         HALF: tl.constexpr = HD // 2
         chunks: tl.constexpr = HALF // BN
-        block, split, t0, group = _program(tl.program_id(0), rows, SPLIT_K, BT, TILES)
+        block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         head = block // chunks
         lo = (block % chunks) * BN + tl.arange(0, BN)  # column within the head's first half
         row_lo = head * HD + (block % chunks) * BN
         _after_previous_launch(PDL)
-        a0, b0, a1, b1, a2, b2, a3, b3 = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF,
-                                                 (HEADS + 2 * KV_HEADS) * HD, rows, t0, split * k_len, k_len, K,
-                                                 eps, True, True, F32, BT, BN, BK, TILES)
+        acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
+                                 rows, t0, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK)
         last = True
         if SPLIT_K > 1:
-            a0, b0, a1, b1, a2, b2, a3, b3, last = _reduce_splits(a0, b0, a1, b1, a2, b2, a3, b3, part_ptr,
-                                                                  count_ptr, group, split, True, SPLIT_K, TILES,
-                                                                  BT, BN)
-        _rope_out(a0, b0, t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, rows,
-                  last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
-        if TILES > 1:
-            _rope_out(a1, b1, t0 + BT, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
-                      rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
-        if TILES > 2:
-            _rope_out(a2, b2, t0 + 2 * BT, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr,
-                      vc_ptr, rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
-        if TILES > 3:
-            _rope_out(a3, b3, t0 + 3 * BT, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr,
-                      vc_ptr, rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
+            acc_lo, acc_hi, last = _reduce_splits(acc_lo, acc_hi, part_ptr, count_ptr, tile, split, True, SPLIT_K,
+                                                  BT, BN)
+        _rope_out(acc_lo, acc_hi, t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
+                  rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _row_tiles(rows: int) -> tuple[int, int]:
-    """(row tiles per program, row groups) of a launch over `rows` rows (`ROW_TILES_PER_PROGRAM`)."""
-    tiles = _cdiv(rows, TILE_ROWS)
-    per_program = max(1, min(ROW_TILES_PER_PROGRAM, tiles))
-    return per_program, _cdiv(tiles, per_program)
-
-
 def _launch_options(x: Tensor, cfg: dict) -> dict:
-    """Keyword arguments of a fused GEMV launch over x's rows: its block sizes, the row tiles each program
-    takes, and programmatic dependent launch where the GPU has it."""
+    """Keyword arguments of a fused GEMV launch: its block sizes, and programmatic dependent launch where the
+    GPU has it."""
     pdl = pdl_on(x.device)
     return {"BT": TILE_ROWS, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
-            "TILES": _row_tiles(x.shape[0])[0], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
-            "PDL": pdl, "launch_pdl": pdl}
+            "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl}
 
 
 def _grid(cfg: dict, blocks: int, rows: int) -> tuple[int]:
-    """One program per (weight block, K split, row group)."""
-    return (blocks * cfg["SPLIT_K"] * _row_tiles(rows)[1],)
+    """One program per (weight block, K split, row tile)."""
+    return (blocks * cfg["SPLIT_K"] * _cdiv(rows, TILE_ROWS),)
 
 
 def _split_buffers(cfg: dict, blocks: int, rows: int, k: int, device, counters: Tensor | None):
     """(k_len, partials, counters) of a split-K launch: K columns per split, the float32 partial sums and the
-    zeroed per-(block, row group) counters (a caller's buffer, reset by the kernel after use, or a new one)."""
-    per_program, groups = _row_tiles(rows)
-    split, tiles = cfg["SPLIT_K"], blocks * groups
+    zeroed per-tile counters (a caller's buffer, reset by the kernel after use, or a new one)."""
+    split, tiles = cfg["SPLIT_K"], blocks * _cdiv(rows, TILE_ROWS)
     k_len = _cdiv(_cdiv(k, split), cfg["BK"]) * cfg["BK"]  # whole BK steps per split
     if split == 1:
         dummy = torch.empty(1, dtype=torch.int32, device=device)
         return k_len, dummy, dummy
-    parts = torch.empty(tiles * split * per_program * 2 * TILE_ROWS * cfg["BN"], dtype=torch.float32, device=device)
+    parts = torch.empty(tiles * split * 2 * TILE_ROWS * cfg["BN"], dtype=torch.float32, device=device)
     if counters is None or counters.numel() < tiles:
         counters = torch.zeros(tiles, dtype=torch.int32, device=device)
     return k_len, parts, counters
