@@ -314,12 +314,25 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def row_counts(text: str) -> tuple[int, ...]:
+    """--sweep-rows: comma-separated row counts of 1..fused.MAX_ROWS (argparse turns the error into one line)."""
+    try:
+        rows = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        rows = ()
+    if not rows or not all(1 <= t <= fused.MAX_ROWS for t in rows):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of row counts 1..{fused.MAX_ROWS}, "
+                                         "e.g. 1,5,16,64")
+    return rows
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=".")
     p.add_argument("--sweep", action="store_true")
-    p.add_argument("--sweep-rows", default="1,5", help="row counts whose summed launch time the sweep minimizes "
-                   "(first: the one whose TB/s is reported), e.g. 1,5,16,64")
+    p.add_argument("--sweep-rows", default="1,5", type=row_counts,
+                   help="row counts whose summed launch time the sweep minimizes (first: the one whose TB/s is "
+                   "reported), e.g. 1,5,16,64")
     p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply instead of sweeping")
     p.add_argument("--modes-only", action="store_true", help="only the launch-mode comparison")
     p.add_argument("--modes", default="", help="launch modes to run, separated by ';' (default: all)")
@@ -337,7 +350,7 @@ def main(argv=None) -> None:
         block_sizes.apply_tuned(json.loads(Path(args.tuned).read_text()))
         tables["given"] = block_sizes.tuned_rows()
     if args.sweep:
-        result["sweep"] = sweep(cfg, tuple(int(t) for t in args.sweep_rows.split(",")))
+        result["sweep"] = sweep(cfg, args.sweep_rows)
         (out / "tuned.json").write_text(json.dumps(block_sizes.tuned_rows()))
         tables["swept"] = block_sizes.tuned_rows()
     model = random_model(cfg)

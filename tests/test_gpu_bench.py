@@ -190,3 +190,14 @@ def test_sweep_grid_tries_wide_blocks_for_wide_weights_only():
     assert {c["BN"] for c in wide} == {16, 32, 64, 128} and {c["BN"] for c in narrow} == {16, 32, 64}
     assert max(c["SPLIT_K"] for c in wide) <= 4
     assert all(1536 // c["SPLIT_K"] >= c["BK"] for c in wide + narrow)
+
+
+def test_sweep_rows_are_row_counts_a_launch_takes():
+    import argparse
+
+    from benchmarks.gpu_rows import row_counts
+
+    assert row_counts("1,5,16,64") == (1, 5, 16, 64)
+    for bad in ("", "1,x", "0", "65"):
+        with pytest.raises(argparse.ArgumentTypeError, match="row counts 1..64"):
+            row_counts(bad)
