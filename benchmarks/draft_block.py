@@ -5,11 +5,15 @@ side by side in one process.
 
 Random bf16 weights with the draft shapes DFVG ships or downloads (timing depends on the shapes only):
 the distilled FPGA-sized draft (4 layers of 512, a 32k-row head over a token subset, embedding rows tied to
-it) and the 0.5B draft (24 layers of 896, the full head). Each row is the drafter's own captured draft
-graph (`dfvg.gpu.graphs.draft_graph`: what `GraphDrafter.propose` replays and what the device step embeds)
-for k tokens after a context of 200 or 2000, with the one-launch block on and off, timed by CUDA events in
-alternating rounds (median over rounds of the median of 20 replays). `same_drafts`: both ways drafted the
-same tokens from the same state.
+it) and the 0.5B draft (24 layers of 896, the full head). For k tokens after a context of 200 or 2000, each
+mode's block is captured in a CUDA graph and timed by CUDA events in alternating rounds (median over rounds
+of the median of 20 replays):
+- per_launch: the drafter's draft graph with the block kernel off (`draft_graph`, ~30 launches a token);
+- per_launch_no_split_k: the same with `latency_config` block sizes (the control for the one below);
+- one_launch_launch_sizes: the block kernel with the per-launch block sizes (split-K as the launches have it;
+  the drafts must equal per_launch's bit for bit);
+- one_launch_no_split_k: with `latency_config` block sizes (shipped).
+`*_same_drafts_as_per_launch` says which drafts matched. Also the grid barrier alone (`barrier_us`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -28,8 +33,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
 from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
-from dfvg.gpu import draft_megakernel  # noqa: E402
-from dfvg.gpu.graphs import GraphDrafter, draft_graph  # noqa: E402
+from dfvg.gpu import block_sizes, draft_megakernel  # noqa: E402
+from dfvg.gpu.graphs import GraphDrafter, capture_graph, draft_graph  # noqa: E402
+from dfvg.gpu.kernels import HAVE_TRITON  # noqa: E402
 from dfvg.model import ModelConfig  # noqa: E402
 
 VOCAB = 151936
@@ -53,45 +59,103 @@ def draft_of(cfg: ModelConfig):
     return model
 
 
-def graphs_of(model, one_launch: bool) -> dict[int, object]:
-    """A drafter's captured block graphs for every k, made with the one-launch block on or off."""
-    draft_megakernel.ENABLED = one_launch
-    try:
-        drafter = GraphDrafter(model, VOCAB, compile_blocks=False, cache_len=CACHE)
-        drafter.prefill(torch.randint(0, VOCAB, (max(CONTEXTS) + 1,)).tolist(), CACHE)
-        return {k: draft_graph(drafter.gm, k, VOCAB) for k in KS}
-    finally:
-        draft_megakernel.ENABLED = True
+MODES = {  # name -> (one launch?, block sizes: "launch" = linear_config, "latency" = latency_config)
+    "per_launch": (False, "launch"),
+    "per_launch_no_split_k": (False, "latency"),
+    "one_launch_launch_sizes": (True, "launch"),
+    "one_launch_no_split_k": (True, "latency"),  # shipped
+}
+
+
+class _Block:
+    """One mode's captured block for k drafts: state [1, 3] in, drafts [1, k] out."""
+
+    def __init__(self, drafter: GraphDrafter, k: int, one_launch: bool, sizes: str):
+        if not one_launch:  # the drafter's own draft graph, captured with these block sizes and the kernel off
+            shipped = dict(block_sizes.TUNED)
+            block_sizes.TUNED.update(draft_megakernel.gemv_configs(drafter.model, sizes))
+            draft_megakernel.ENABLED = False
+            try:
+                graph = draft_graph(drafter.gm, k, VOCAB)
+            finally:
+                draft_megakernel.ENABLED = True
+                block_sizes.TUNED.clear()
+                block_sizes.TUNED.update(shipped)
+            self.state, self.drafts, self.graph = graph.state, graph.drafts, graph.graph
+            return
+        self.state = torch.zeros(1, 3, dtype=torch.long, device="cuda")
+        self.drafts = torch.zeros(1, k, dtype=torch.long, device="cuda")
+        self.kernel = draft_megakernel.DraftMegakernel(drafter.model, k, VOCAB, gemv=sizes)  # kept: the graph
+        self.graph, _ = capture_graph(lambda: self.kernel(self.state, self.drafts), drafter.device)  # uses its buffers
 
 
 def measure(name: str, cfg: ModelConfig, rounds: int) -> list[dict]:
     model = draft_of(cfg)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    modes = {"per_launch": graphs_of(model, False), "one_launch": graphs_of(model, True)}
+    drafter = GraphDrafter(model, VOCAB, compile_blocks=False, cache_len=CACHE)
+    drafter.prefill(torch.randint(0, VOCAB, (max(CONTEXTS) + 1,)).tolist(), CACHE)
+    start = time.perf_counter()
+    blocks = {}
+    for mode, (one_launch, sizes) in MODES.items():
+        own = drafter
+        if not one_launch:
+            own = GraphDrafter(model, VOCAB, compile_blocks=False, cache_len=CACHE)
+            own.gm.ensure_cache(CACHE)  # the same cache tensors (the model's), already holding the context
+        for k in KS:  # (a per-launch mode's drafter of its own: draft graphs are kept per drafter and k)
+            blocks[mode, k] = _Block(own, k, one_launch, sizes)
+        print(f"    {mode}: captured at {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"  {name}: {len(blocks)} blocks compiled and captured in {time.perf_counter() - start:.0f} s", flush=True)
     rows = []
     for context in CONTEXTS:
         for k in KS:
             drafts = {}
-            for mode, graphs in modes.items():
-                graphs[k].state.copy_(torch.tensor([[11, 12, context - 1]]))
-                graphs[k].graph.replay()
-                drafts[mode] = graphs[k].drafts.clone()
-            times = {mode: [] for mode in modes}
+            for mode in MODES:
+                block = blocks[mode, k]
+                block.state.copy_(torch.tensor([[11, 12, context - 1]]))
+                block.graph.replay()
+                drafts[mode] = block.drafts.clone()
+            times = {mode: [] for mode in MODES}
             for _ in range(rounds):
-                for mode, graphs in modes.items():
-                    times[mode].append(cuda_median_ms(graphs[k].graph.replay, 20))
-            ms = {mode: statistics.median(t) for mode, t in times.items()}
-            rows.append({"draft": name, "context": context, "k": k, "per_launch_ms": ms["per_launch"],
-                         "one_launch_ms": ms["one_launch"], "ratio": ms["one_launch"] / ms["per_launch"],
-                         "one_launch_ms_per_token": ms["one_launch"] / k,
-                         "weight_floor_ms_per_token": weight_bytes / (COPY_TB_S * 1e9),
-                         "same_drafts": bool(torch.equal(drafts["per_launch"], drafts["one_launch"]))})
-            r = rows[-1]
-            print(f"  {name:18s} ctx {context:5d} k {k}: per-launch {r['per_launch_ms']:.3f} ms, one launch "
-                  f"{r['one_launch_ms']:.3f} ms ({r['ratio']:.2f}x), {r['one_launch_ms_per_token'] * 1e3:.0f} us/token "
-                  f"(weights alone {r['weight_floor_ms_per_token'] * 1e3:.0f}), same drafts {r['same_drafts']}",
-                  flush=True)
+                for mode in MODES:
+                    times[mode].append(cuda_median_ms(blocks[mode, k].graph.replay, 20))
+            row = {"draft": name, "context": context, "k": k,
+                   "weight_floor_ms_per_token": weight_bytes / (COPY_TB_S * 1e9)}
+            for mode in MODES:
+                row[f"{mode}_ms"] = statistics.median(times[mode])
+                row[f"{mode}_same_drafts_as_per_launch"] = bool(torch.equal(drafts[mode], drafts["per_launch"]))
+            rows.append(row)
+            print(f"  {name:18s} ctx {context:5d} k {k}: " + ", ".join(
+                f"{mode} {row[f'{mode}_ms']:.3f}" for mode in MODES) + f" ms; weights alone "
+                f"{row['weight_floor_ms_per_token'] * k:.3f}; same drafts " + "".join(
+                "y" if row[f"{mode}_same_drafts_as_per_launch"] else "n" for mode in MODES), flush=True)
     return rows
+
+
+if HAVE_TRITON:
+    import triton.language as tl
+    from triton import jit
+
+    from dfvg.gpu.draft_megakernel import _grid_barrier
+
+    @jit
+    def _barriers_kernel(bar_ptr, n):
+        """n grid barriers and nothing else, then the block kernel's exit (both counters back to zero)."""
+        nprog = tl.num_programs(0)
+        for i in range(n):
+            _grid_barrier(bar_ptr, (i + 1) * nprog)
+        done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu") == nprog - 1
+        tl.atomic_xchg(bar_ptr, 0, mask=done)
+        tl.atomic_xchg(bar_ptr + 1, 0, mask=done)
+
+
+def barrier_us(programs: int, barriers: int = 1000) -> float:
+    """Microseconds per grid barrier alone: one launch of `programs` programs passing `barriers` barriers with
+    no work between them, less the same launch with none (the floor under each phase of the block)."""
+    counter = torch.zeros(2, dtype=torch.int32, device="cuda")
+    run = lambda n: _barriers_kernel[(programs,)](counter, n, num_warps=4)  # noqa: E731
+    run(1)
+    torch.cuda.synchronize()
+    return (cuda_median_ms(lambda: run(barriers), 10) - cuda_median_ms(lambda: run(0), 10)) * 1e3 / barriers
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("draft_block.py needs a CUDA GPU (this machine has none)")
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
               "provenance": "measured", "rows": []}
+    result["barrier_us"] = {n: barrier_us(n) for n in (8, 32, 66, 132)}
+    print(f"  grid barrier alone, us per barrier by programs: {result['barrier_us']}", flush=True)
     for name in args.drafts.split(","):
         result["rows"] += measure(name, DRAFTS[name], args.rounds)
         torch.cuda.empty_cache()

@@ -7,6 +7,8 @@ test_gpu_fused) and on a GPU (gpu marker: the persistent launch with its grid ba
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -34,10 +36,25 @@ def draft_model(device: str, layers: int = 2, head_dim: int = 32, head_vocab: bo
     return model.to(device=device, dtype=torch.bfloat16)
 
 
+@contextlib.contextmanager
+def block_sizes_of(configs: dict):
+    """The per-launch fused steps with these block sizes (`block_sizes.TUNED`), as the block kernel has them."""
+    from dfvg.gpu import block_sizes
+
+    shipped = dict(block_sizes.TUNED)
+    block_sizes.TUNED.update(configs)
+    try:
+        yield
+    finally:
+        block_sizes.TUNED.clear()
+        block_sizes.TUNED.update(shipped)
+
+
 def block_mismatches(device: str, steps: int, layers: int = 2, head_vocab: bool = True,
-                     persistent: bool | None = None, replays: int = 1) -> list[str]:
+                     persistent: bool | None = None, replays: int = 1, gemv: str = "latency") -> list[str]:
     """Draft `steps` tokens after a 70-token context both ways (per-launch fused steps, then the one-launch
-    block from the same cache) and list what differs: the drafts, or the K/V of the block's positions."""
+    block from the same cache) and list what differs: the drafts, or the K/V of the block's positions.
+    persistent None: the product's path (`draft_body`); else the kernel with these options."""
     from dfvg.gpu import draft_megakernel
     from dfvg.gpu.graphs import GraphModel, draft_body
 
@@ -56,17 +73,21 @@ def block_mismatches(device: str, steps: int, layers: int = 2, head_vocab: bool 
         for c, (k, v) in zip(caches, history, strict=True):
             c.k.copy_(k)
             c.v.copy_(v)
-        draft_megakernel.ENABLED = enabled
-        try:
-            drafts = torch.zeros(1, steps, dtype=torch.long, device=device)
-            with torch.inference_mode():
-                for _ in range(replays):
-                    if enabled and persistent is not None:
-                        draft_megakernel.DraftMegakernel(model, steps, 480)(state, drafts, persistent)
-                    else:
-                        draft_body(gm, state, drafts, 480)
-        finally:
-            draft_megakernel.ENABLED = True
+        drafts = torch.zeros(1, steps, dtype=torch.long, device=device)
+        with torch.inference_mode():
+            for _ in range(replays):
+                if not enabled:
+                    draft_megakernel.ENABLED = False
+                    try:
+                        with block_sizes_of(draft_megakernel.gemv_configs(model, gemv)):
+                            draft_body(gm, state, drafts, 480)
+                    finally:
+                        draft_megakernel.ENABLED = True
+                elif persistent is None:
+                    draft_body(gm, state, drafts, 480)
+                else:
+                    kernel = draft_megakernel.DraftMegakernel(model, steps, 480, gemv=gemv)
+                    kernel(state, drafts, persistent)
         written = slice(68, 69 + steps)
         results.append((drafts.clone(), [(c.k[0, written].clone(), c.v[0, written].clone()) for c in caches]))
     (want, want_kv), (got, got_kv) = results
@@ -80,9 +101,9 @@ def block_mismatches(device: str, steps: int, layers: int = 2, head_vocab: bool 
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
-@pytest.mark.parametrize("head_vocab", [True, False])
-def test_block_equals_per_launch_steps_under_triton_interpreter(head_vocab):
-    call = f"[len(t.block_mismatches('cpu', 3, head_vocab={head_vocab}))]"
+@pytest.mark.parametrize("head_vocab,gemv", [(True, "latency"), (False, "latency"), (True, "launch")])
+def test_block_equals_per_launch_steps_under_triton_interpreter(head_vocab, gemv):
+    call = f"[len(t.block_mismatches('cpu', 3, head_vocab={head_vocab}, persistent=False, gemv={gemv!r}))]"
     assert interpreted(call, module="test_draft_megakernel") == [0.0]
 
 
@@ -111,7 +132,8 @@ def test_block_equals_per_launch_steps_on_gpu(steps, layers, head_vocab):
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
     assert block_mismatches("cuda", steps, layers, head_vocab) == []  # draft_body: a graph-free call
-    assert block_mismatches("cuda", steps, layers, head_vocab, persistent=True, replays=3) == []
+    for gemv in ("latency", "launch"):
+        assert block_mismatches("cuda", steps, layers, head_vocab, True, 3, gemv) == []
     assert block_mismatches("cuda", steps, layers, head_vocab, persistent=False) == []
 
 
@@ -121,7 +143,7 @@ def test_block_in_a_replayed_graph_equals_per_launch_steps_on_gpu():
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
     from dfvg.gpu import draft_megakernel
-    from dfvg.gpu.graphs import GraphDrafter
+    from dfvg.gpu.graphs import GraphDrafter, draft_graph
     from dfvg.sampling import SamplingParams
 
     model = draft_model("cuda", layers=4)
@@ -136,5 +158,11 @@ def test_block_in_a_replayed_graph_equals_per_launch_steps_on_gpu():
         finally:
             draft_megakernel.ENABLED = True
     assert blocks[0] == blocks[1]
+    graph = draft_graph(drafter.gm, 5, 480)  # many replays: a counter zeroed while a program still polls hangs
+    first = graph.drafts.clone()
+    for _ in range(300):
+        graph.graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph.drafts, first)
     kernels = [v for v in drafter.gm.graphs.values() if isinstance(v, draft_megakernel.DraftMegakernel)]
-    assert kernels and all(kernel.barrier.item() == 0 for kernel in kernels)
+    assert kernels and all(kernel.barrier.sum().item() == 0 for kernel in kernels)

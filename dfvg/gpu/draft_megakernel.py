@@ -23,7 +23,9 @@ model on the CPU and with the persistent launch on a GPU.
 
 Every program must be resident at once for the barrier to return: the launch has one program per SM and
 asks for nothing that keeps two from fitting... one is all it needs. The barrier's counter rises by one per
-program and phase; the last program to finish resets it for the next launch.
+program and phase; a second counter counts the programs that are done, and the last of them zeroes both for
+the next launch (zeroing at the last arrival instead hung a replay on the H200: a program still polling the
+last barrier then saw zero and waited forever).
 """
 
 from __future__ import annotations
@@ -74,18 +76,18 @@ if HAVE_TRITON:
         best_block = 0
         for c0 in range(0, blocks, _CHUNK):
             b = c0 + tl.arange(0, _CHUNK)
-            vals = tl.load(val_ptr + b, mask=b < blocks, other=-float("inf"))
+            vals = tl.load(val_ptr + b, mask=b < blocks, other=-float("inf"), cache_modifier=".cg")
             top = tl.max(vals, axis=0)
             best_block = tl.where(top > best, c0 + tl.argmax(vals, axis=0), best_block)
             best = tl.maximum(best, top)
-        token = tl.load(idx_ptr + best_block).to(tl.int64)  # the head row
+        token = tl.load(idx_ptr + best_block, cache_modifier=".cg").to(tl.int64)  # the head row
         if HEAD_IDS:
             token = tl.load(head_ids_ptr + token)
         return token
 
     @triton.jit
     def _tokens_phase(s, state_ptr, drafts_ptr, embed_ptr, token_rows_ptr, head_ids_ptr, val_ptr, idx_ptr, x_ptr,
-                      pos_ptr, blocks, STEPS: tl.constexpr, D: tl.constexpr, EMBED_ROWS: tl.constexpr,
+                      pos_ptr, blocks, steps, D: tl.constexpr, EMBED_ROWS: tl.constexpr,
                       HEAD_IDS: tl.constexpr):
         """Step s's input rows: the catch-up pair at s = 0, else the token step s-1 drafted (recorded)."""
         t = tl.arange(0, 2)
@@ -100,7 +102,7 @@ if HAVE_TRITON:
             tokens = tl.zeros((2,), tl.int64) + token
             positions = last_pos + s + t * 0
             live = t < 1
-        if s < STEPS:
+        if s < steps:
             rows = tokens
             if EMBED_ROWS:
                 rows = tl.load(token_rows_ptr + tokens, mask=live, other=0)
@@ -179,50 +181,68 @@ if HAVE_TRITON:
                              count_ptr, rows, D, FFN, CFG_DOWN[3], eps, False, False, False, True, F32, _TILE,
                              CFG_DOWN[0], CFG_DOWN[1], CFG_DOWN[2])
 
-    @triton.jit(do_not_specialize=["phase_lo", "phase_hi"])
+    @triton.jit
+    def _head_phase(s, pid, nprog, rows, state_ptr, drafts_ptr, embed_ptr, token_rows_ptr, head_ids_ptr, norm_ptr,
+                    head_ptr, x_ptr, pos_ptr, part_ptr, count_ptr, val_ptr, idx_ptr, tok_count_ptr, n_valid, eps,
+                    steps, D: tl.constexpr, EMBED_ROWS: tl.constexpr, HEAD_IDS: tl.constexpr,
+                    F32: tl.constexpr, CFG_HEAD: tl.constexpr):
+        """Step s's head items (`_head_item`); the program that finishes the last one also makes step s+1's
+        input (`_tokens_phase`), so no phase of its own waits for that."""
+        blocks = tl.cdiv(n_valid, CFG_HEAD[0])
+        items = blocks * CFG_HEAD[2]
+        for item in range(pid, items, nprog):
+            _head_item(item, x_ptr + (rows - 1) * D, norm_ptr, head_ptr, part_ptr, count_ptr, val_ptr, idx_ptr,
+                       n_valid, eps, D, F32, _TILE, CFG_HEAD[0], CFG_HEAD[1], CFG_HEAD[2], CFG_HEAD[3])
+            tl.debug_barrier()
+            if tl.atomic_add(tok_count_ptr, 1, sem="acq_rel", scope="gpu") == items - 1:
+                tl.atomic_xchg(tok_count_ptr, 0)
+                _tokens_phase(s + 1, state_ptr, drafts_ptr, embed_ptr, token_rows_ptr, head_ids_ptr, val_ptr,
+                              idx_ptr, x_ptr, pos_ptr, blocks, steps, D, EMBED_ROWS, HEAD_IDS)
+
+    @triton.jit(do_not_specialize=["phase_lo", "phase_hi", "steps"])
     def _draft_block_kernel(state_ptr, drafts_ptr, embed_ptr, token_rows_ptr, head_ids_ptr, attn_norm_ptr, wqkv_ptr,
                             bqkv_ptr, wo_ptr, bo_ptr, ffn_norm_ptr, w13_ptr, w2_ptr, norm_ptr, head_ptr, kc_ptr,
                             vc_ptr, layer_kv, cos_ptr, sin_ptr, x_ptr, q_ptr, attn_ptr, h_ptr, pos_ptr, m_ptr, l_ptr,
-                            acc_ptr, part_ptr, count_ptr, val_ptr, idx_ptr, bar_ptr, n_valid, wanted, scale, eps,
-                            phase_lo, phase_hi, STEPS: tl.constexpr, LAYERS: tl.constexpr, D: tl.constexpr,
-                            FFN: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
-                            QKV_BIAS: tl.constexpr, O_BIAS: tl.constexpr, EMBED_ROWS: tl.constexpr,
-                            HEAD_IDS: tl.constexpr, F32: tl.constexpr, CFG_QKV: tl.constexpr, CFG_O: tl.constexpr,
-                            CFG_UP: tl.constexpr, CFG_DOWN: tl.constexpr, CFG_HEAD: tl.constexpr,
-                            PERSISTENT: tl.constexpr):
-        """Phases phase_lo..phase_hi-1 of the block (module docstring); with PERSISTENT, a grid barrier after
-        each, and the last program out resets the barrier's counter."""
-        PER_STEP: tl.constexpr = _PER_LAYER * LAYERS + 2
+                            acc_ptr, part_ptr, count_ptr, val_ptr, idx_ptr, tok_count_ptr, bar_ptr, n_valid, wanted,
+                            scale, eps, phase_lo, phase_hi, steps, LAYERS: tl.constexpr,
+                            D: tl.constexpr, FFN: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                            HD: tl.constexpr, QKV_BIAS: tl.constexpr, O_BIAS: tl.constexpr,
+                            EMBED_ROWS: tl.constexpr, HEAD_IDS: tl.constexpr, F32: tl.constexpr,
+                            CFG_QKV: tl.constexpr, CFG_O: tl.constexpr, CFG_UP: tl.constexpr, CFG_DOWN: tl.constexpr,
+                            CFG_HEAD: tl.constexpr, PERSISTENT: tl.constexpr):
+        """Phases phase_lo..phase_hi-1 of the block: 0 makes step 0's input; then per step, the layers' phases
+        and the head's. With PERSISTENT, a grid barrier after each phase, and the last program out resets the
+        barrier's counters."""
+        PER_STEP: tl.constexpr = _PER_LAYER * LAYERS + 1
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
-        head_blocks = tl.cdiv(n_valid, CFG_HEAD[0])
         for phase in range(phase_lo, phase_hi):
-            s = phase // PER_STEP
-            p = phase - s * PER_STEP  # (no %: the interpreter's constexpr lacks __rmod__)
-            rows = tl.where(s == 0, 2, 1)
-            if p == 0:
+            if phase == 0:
                 if pid == 0:
-                    _tokens_phase(s, state_ptr, drafts_ptr, embed_ptr, token_rows_ptr, head_ids_ptr, val_ptr,
-                                  idx_ptr, x_ptr, pos_ptr, head_blocks, STEPS, D, EMBED_ROWS, HEAD_IDS)
-            elif p == PER_STEP - 1:
-                for item in range(pid, head_blocks * CFG_HEAD[2], nprog):
-                    _head_item(item, x_ptr + (rows - 1) * D, norm_ptr, head_ptr, part_ptr, count_ptr, val_ptr,
-                               idx_ptr, n_valid, eps, D, F32, _TILE, CFG_HEAD[0], CFG_HEAD[1], CFG_HEAD[2],
-                               CFG_HEAD[3])
+                    _tokens_phase(0, state_ptr, drafts_ptr, embed_ptr, token_rows_ptr, head_ids_ptr, val_ptr,
+                                  idx_ptr, x_ptr, pos_ptr, 0, steps, D, EMBED_ROWS, HEAD_IDS)
             else:
-                layer = (p - 1) // _PER_LAYER
-                _layer_phase(p - 1 - layer * _PER_LAYER, layer, pid, nprog, rows, x_ptr, q_ptr, attn_ptr, h_ptr,
-                             pos_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, wo_ptr, bo_ptr, ffn_norm_ptr, w13_ptr,
-                             w2_ptr, kc_ptr, vc_ptr, layer_kv, cos_ptr, sin_ptr, m_ptr, l_ptr, acc_ptr, part_ptr,
-                             count_ptr, wanted, scale, eps, D, FFN, HEADS, KV_HEADS, HD, QKV_BIAS, O_BIAS, F32,
-                             CFG_QKV, CFG_O, CFG_UP, CFG_DOWN)
+                s = (phase - 1) // PER_STEP
+                p = phase - 1 - s * PER_STEP  # (no %: the interpreter's constexpr lacks __rmod__)
+                rows = tl.where(s == 0, 2, 1)
+                if p == PER_STEP - 1:
+                    _head_phase(s, pid, nprog, rows, state_ptr, drafts_ptr, embed_ptr, token_rows_ptr, head_ids_ptr,
+                                norm_ptr, head_ptr, x_ptr, pos_ptr, part_ptr, count_ptr, val_ptr, idx_ptr,
+                                tok_count_ptr, n_valid, eps, steps, D, EMBED_ROWS, HEAD_IDS, F32, CFG_HEAD)
+                else:
+                    layer = p // _PER_LAYER
+                    _layer_phase(p - layer * _PER_LAYER, layer, pid, nprog, rows, x_ptr, q_ptr, attn_ptr, h_ptr,
+                                 pos_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, wo_ptr, bo_ptr, ffn_norm_ptr, w13_ptr,
+                                 w2_ptr, kc_ptr, vc_ptr, layer_kv, cos_ptr, sin_ptr, m_ptr, l_ptr, acc_ptr, part_ptr,
+                                 count_ptr, wanted, scale, eps, D, FFN, HEADS, KV_HEADS, HD, QKV_BIAS, O_BIAS, F32,
+                                 CFG_QKV, CFG_O, CFG_UP, CFG_DOWN)
             if PERSISTENT:
                 if phase + 1 < phase_hi:
                     _grid_barrier(bar_ptr, (phase + 1 - phase_lo) * nprog)
-        if PERSISTENT:  # the last arrival: no program waits on it, so the counter can go back to zero
-            done = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") == (phase_hi - phase_lo) * nprog - 1
+        if PERSISTENT:  # the last program out, when every other is past its last wait, zeroes both counters
+            done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu") == nprog - 1
             tl.atomic_xchg(bar_ptr, 0, mask=done)
-
+            tl.atomic_xchg(bar_ptr + 1, 0, mask=done)
 
 ENABLED = True  # GPU drafts of one sequence take the one-launch block (benchmarks set False to compare)
 # Drafts of more weight than this keep the per-launch steps: one program per SM streams a 0.5B draft's 1 GB
@@ -243,12 +263,35 @@ def unsupported(model) -> str | None:
     return None
 
 
-def _gemv(n: int, k: int, half_width: int | None = None) -> tuple[int, int, int, int]:
-    """(BN, BK, SPLIT_K, K per split) of a weight [n, k] as the per-launch path sizes it (`fused`)."""
-    cfg = linear_config(n, k)
-    block_n = min(cfg["BN"], half_width) if half_width else cfg["BN"]
-    k_len = fused._cdiv(fused._cdiv(k, cfg["SPLIT_K"]), cfg["BK"]) * cfg["BK"]
-    return block_n, cfg["BK"], cfg["SPLIT_K"], k_len
+def latency_config(n: int, k: int) -> dict:
+    """Block sizes of a draft GEMV inside the block kernel: no split-K, since its partial sums cost a store, an
+    atomic and a reload in a row of dependent steps, and a draft's phases are that chain, not bandwidth (a
+    distilled draft's GEMV is 0.5-3 MB). 16 weight rows per item, 32 for a head's many rows; a function of the
+    shape only, like `linear_config`."""
+    return {"BN": 32 if n >= 4096 else 16, "BK": min(256, 1 << (k - 1).bit_length()), "SPLIT_K": 1,
+            "num_warps": 4, "num_stages": 3}
+
+
+def _shapes(model) -> list[tuple[int, int]]:
+    """(N, K) of the QKV, O, gate/up (N: one half), down and head GEMVs."""
+    cfg = model.config
+    d, ffn = cfg.hidden_size, cfg.intermediate_size
+    return [(cfg.qkv_size, d), (d, cfg.num_heads * cfg.head_dim), (ffn, d), (d, ffn), (model.output.weight.shape[0], d)]
+
+
+def gemv_configs(model, policy: str = "latency") -> dict[tuple[int, int], dict]:
+    """(N, K) -> block sizes of the block kernel's GEMVs: `latency_config`, or "launch": the sizes the
+    per-launch fused steps take (`linear_config`). Installed in `block_sizes.TUNED`, they make the per-launch
+    steps compute what the block kernel computes (tests compare the two bit for bit)."""
+    size = linear_config if policy == "launch" else latency_config
+    return {shape: size(*shape) for shape in _shapes(model)}
+
+
+def _gemv(config: dict, k: int, half_width: int | None = None) -> tuple[int, int, int, int]:
+    """(BN, BK, SPLIT_K, K per split) of a launch config, as `fused` sizes the launch."""
+    block_n = min(config["BN"], half_width) if half_width else config["BN"]
+    k_len = fused._cdiv(fused._cdiv(k, config["SPLIT_K"]), config["BK"]) * config["BK"]
+    return block_n, config["BK"], config["SPLIT_K"], k_len
 
 
 def _stacked(weights: list[tuple], index: int) -> Tensor | None:
@@ -264,7 +307,7 @@ class DraftMegakernel:
     Built for one draft length (`steps`) and one cache; `dfvg.gpu.graphs.draft_body` keeps one per draft
     length in the model's graph table, dropped with the graphs when the cache is reallocated."""
 
-    def __init__(self, model, steps: int, vocab: int, programs: int | None = None):
+    def __init__(self, model, steps: int, vocab: int, programs: int | None = None, gemv: str = "latency"):
         cfg = model.config
         device = model.tok_embeddings.weight.device
         self.model, self.steps = model, steps
@@ -279,9 +322,11 @@ class DraftMegakernel:
                              "Transformer.setup_cache")
         heads, kv_heads, hd, width = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
         head_rows = model.output.weight.shape[0]
-        self.configs = {"CFG_QKV": _gemv(cfg.qkv_size, width, hd // 2), "CFG_O": _gemv(width, heads * hd),
-                        "CFG_UP": _gemv(cfg.intermediate_size, width), "CFG_DOWN": _gemv(width, cfg.intermediate_size),
-                        "CFG_HEAD": _gemv(head_rows, width)}
+        configs = gemv_configs(model, gemv)
+        sizes = [configs[shape] for shape in _shapes(model)]
+        self.configs = {"CFG_QKV": _gemv(sizes[0], width, hd // 2), "CFG_O": _gemv(sizes[1], heads * hd),
+                        "CFG_UP": _gemv(sizes[2], width), "CFG_DOWN": _gemv(sizes[3], cfg.intermediate_size),
+                        "CFG_HEAD": _gemv(sizes[4], width)}
         if cfg.head_vocab_size:
             self.n_valid = int((model.head_token_ids < vocab).sum().item())  # ascending ids: a prefix
         else:
@@ -309,11 +354,13 @@ class DraftMegakernel:
         head_blocks = -(-self.n_valid // self.configs["CFG_HEAD"][0])
         self.block_max = torch.zeros(head_blocks, dtype=torch.float32, device=device)
         self.block_row = torch.zeros(head_blocks, dtype=torch.int32, device=device)
-        self.barrier = torch.zeros(1, dtype=torch.int32, device=device)
+        self.head_done = torch.zeros(1, dtype=torch.int32, device=device)  # head items finished (per step)
+        self.barrier = torch.zeros(2, dtype=torch.int32, device=device)  # arrivals, programs finished
 
     @property
     def phases(self) -> int:
-        return self.steps * (PHASES_PER_LAYER * len(self.model.layers) + 2) + 1
+        """Step 0's input, then per step every layer's phases and the head's."""
+        return 1 + self.steps * (PHASES_PER_LAYER * len(self.model.layers) + 1)
 
     def __call__(self, state: Tensor, drafts: Tensor, persistent: bool | None = None) -> Tensor:
         """state [1, 3] = [prev_token, last_token, last_pos] -> drafts [1, steps] (written in place).
@@ -333,8 +380,9 @@ class DraftMegakernel:
             m.head_token_ids if cfg.head_vocab_size else state, norm_a, wqkv, wqkv if bqkv is None else bqkv, wo,
             wo if bo is None else bo, norm_f, w13, w2, m.norm.weight, m.output.weight, self.kc, self.vc,
             self.layer_kv, m.rope_cos, m.rope_sin, self.x, self.q, self.attn, self.h, self.pos, self.m, self.l_sum,
-            self.acc, self.parts, self.counters, self.block_max, self.block_row, self.barrier, self.n_valid,
-            2 * self.programs, cfg.head_dim ** -0.5, cfg.rms_norm_eps, lo, hi, STEPS=self.steps,
+            self.acc, self.parts, self.counters, self.block_max, self.block_row, self.head_done, self.barrier,
+            self.n_valid,
+            2 * self.programs, cfg.head_dim ** -0.5, cfg.rms_norm_eps, lo, hi, self.steps,
             LAYERS=len(m.layers), D=cfg.hidden_size, FFN=cfg.intermediate_size, HEADS=cfg.num_heads,
             KV_HEADS=cfg.num_kv_heads, HD=cfg.head_dim, QKV_BIAS=bqkv is not None, O_BIAS=bo is not None,
             EMBED_ROWS=bool(cfg.embed_rows), HEAD_IDS=bool(cfg.head_vocab_size), F32=INTERPRETED,
