@@ -1,19 +1,20 @@
-"""A GPU draft's greedy block in one launch (`dfvg.gpu.draft_megakernel`) against the per-launch fused steps,
-side by side in one process.
+"""A GPU draft's greedy block per block-size table, side by side in one process.
 
     python benchmarks/draft_block.py --out $OUT        # on the H200: draft_block.json, a table on stdout
 
-Random bf16 weights with the draft shapes DFVG ships or downloads (timing depends on the shapes only):
-the distilled FPGA-sized draft (4 layers of 512, a 32k-row head over a token subset, embedding rows tied to
-it) and the 0.5B draft (24 layers of 896, the full head). For k tokens after a context of 200 or 2000, each
-mode's block is captured in a CUDA graph and timed by CUDA events in alternating rounds (median over rounds
-of the median of 20 replays):
-- per_launch: the drafter's draft graph with the block kernel off (`draft_graph`, ~30 launches a token);
-- per_launch_no_split_k: the same with `latency_config` block sizes (the control for the one below);
-- one_launch_launch_sizes: the block kernel with the per-launch block sizes (split-K as the launches have it;
-  the drafts must equal per_launch's bit for bit);
-- one_launch_no_split_k: with `latency_config` block sizes (shipped).
-`*_same_drafts_as_per_launch` says which drafts matched. Also the grid barrier alone (`barrier_us`).
+Random bf16 weights with the draft shapes DFVG ships or downloads (timing depends on the shapes only): the
+distilled FPGA-sized draft (4 layers of 512, a 32k-row head over a token subset, embedding rows tied to it)
+and the 0.5B draft (24 layers of 896, the full head). For k tokens after a context of 200 or 2000, the
+drafter's own draft graph (`dfvg.gpu.graphs.draft_graph`: what `GraphDrafter.propose` replays and what the
+device step embeds) is captured once per table and timed by CUDA events in alternating rounds (median over
+rounds of the median of 20 replays):
+- shipped: `block_sizes.TUNED` as shipped (the distilled draft's shapes without split-K);
+- split_k: `linear_config`'s default for every draft shape (split-K where a launch has few weight blocks).
+`same_drafts`: both tables drafted the same tokens from the same state (the summation order differs, so a
+near-tie may not).
+
+History: a persistent kernel that ran the whole block in one launch, with grid barriers between phases, was
+measured with this script and removed (benchmarks/RESULTS.md, 2026-12-04 20:00-20:30 UTC; commit da5bcaf).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,9 +33,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
 from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
-from dfvg.gpu import block_sizes, draft_megakernel  # noqa: E402
-from dfvg.gpu.graphs import GraphDrafter, capture_graph, draft_graph  # noqa: E402
-from dfvg.gpu.kernels import HAVE_TRITON  # noqa: E402
+from dfvg.gpu import block_sizes  # noqa: E402
+from dfvg.gpu.graphs import GraphDrafter, draft_graph  # noqa: E402
 from dfvg.model import ModelConfig  # noqa: E402
 
 VOCAB = 151936
@@ -59,103 +58,65 @@ def draft_of(cfg: ModelConfig):
     return model
 
 
-MODES = {  # name -> (one launch?, block sizes: "launch" = linear_config, "latency" = latency_config)
-    "per_launch": (False, "launch"),
-    "per_launch_no_split_k": (False, "latency"),
-    "one_launch_launch_sizes": (True, "launch"),
-    "one_launch_no_split_k": (True, "latency"),  # shipped
-}
-
-
 class _Block:
-    """One mode's captured block for k drafts: state [1, 3] in, drafts [1, k] out."""
+    """A drafter's captured block for k drafts under one block-size table: state [1, 3] in, drafts [1, k] out."""
 
-    def __init__(self, drafter: GraphDrafter, k: int, one_launch: bool, sizes: str):
-        if not one_launch:  # the drafter's own draft graph, captured with these block sizes and the kernel off
-            shipped = dict(block_sizes.TUNED)
-            block_sizes.TUNED.update(draft_megakernel.gemv_configs(drafter.model, sizes))
-            draft_megakernel.ENABLED = False
-            try:
-                graph = draft_graph(drafter.gm, k, VOCAB)
-            finally:
-                draft_megakernel.ENABLED = True
-                block_sizes.TUNED.clear()
-                block_sizes.TUNED.update(shipped)
-            self.state, self.drafts, self.graph = graph.state, graph.drafts, graph.graph
-            return
-        self.state = torch.zeros(1, 3, dtype=torch.long, device="cuda")
-        self.drafts = torch.zeros(1, k, dtype=torch.long, device="cuda")
-        self.kernel = draft_megakernel.DraftMegakernel(drafter.model, k, VOCAB, gemv=sizes)  # kept: the graph
-        self.graph, _ = capture_graph(lambda: self.kernel(self.state, self.drafts), drafter.device)  # uses its buffers
+    def __init__(self, drafter: GraphDrafter, k: int, table: dict):
+        shipped = dict(block_sizes.TUNED)
+        block_sizes.TUNED.clear()
+        block_sizes.TUNED.update(table)  # the launches' sizes are fixed when the graph is captured
+        try:
+            graph = draft_graph(drafter.gm, k, VOCAB)
+        finally:
+            block_sizes.TUNED.clear()
+            block_sizes.TUNED.update(shipped)
+        self.state, self.drafts, self.graph = graph.state, graph.drafts, graph.graph
+
+
+def tables_for(model) -> dict[str, dict]:
+    """The two tables: as shipped, and without an entry for any of this draft's GEMV shapes."""
+    cfg = model.config
+    d, ffn = cfg.hidden_size, cfg.intermediate_size
+    shapes = {(cfg.qkv_size, d), (d, cfg.num_heads * cfg.head_dim), (ffn, d), (d, ffn),
+              (model.output.weight.shape[0], d)}
+    return {"shipped": dict(block_sizes.TUNED),
+            "split_k": {shape: c for shape, c in block_sizes.TUNED.items() if shape not in shapes}}
 
 
 def measure(name: str, cfg: ModelConfig, rounds: int) -> list[dict]:
     model = draft_of(cfg)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    drafter = GraphDrafter(model, VOCAB, compile_blocks=False, cache_len=CACHE)
-    drafter.prefill(torch.randint(0, VOCAB, (max(CONTEXTS) + 1,)).tolist(), CACHE)
-    start = time.perf_counter()
+    context = torch.randint(0, VOCAB, (max(CONTEXTS) + 1,)).tolist()
     blocks = {}
-    for mode, (one_launch, sizes) in MODES.items():
-        own = drafter
-        if not one_launch:
-            own = GraphDrafter(model, VOCAB, compile_blocks=False, cache_len=CACHE)
-            own.gm.ensure_cache(CACHE)  # the same cache tensors (the model's), already holding the context
-        for k in KS:  # (a per-launch mode's drafter of its own: draft graphs are kept per drafter and k)
-            blocks[mode, k] = _Block(own, k, one_launch, sizes)
-        print(f"    {mode}: captured at {time.perf_counter() - start:.0f} s", flush=True)
-    print(f"  {name}: {len(blocks)} blocks compiled and captured in {time.perf_counter() - start:.0f} s", flush=True)
+    for mode, table in tables_for(model).items():  # a drafter per table: draft graphs are kept per drafter
+        drafter = GraphDrafter(model, VOCAB, compile_blocks=False, cache_len=CACHE)
+        drafter.prefill(context, CACHE)  # the same cache (the model's) and context for both
+        for k in KS:
+            blocks[mode, k] = _Block(drafter, k, table)
+    modes = sorted({mode for mode, _ in blocks})
     rows = []
-    for context in CONTEXTS:
+    for context_len in CONTEXTS:
         for k in KS:
             drafts = {}
-            for mode in MODES:
+            for mode in modes:
                 block = blocks[mode, k]
-                block.state.copy_(torch.tensor([[11, 12, context - 1]]))
+                block.state.copy_(torch.tensor([[11, 12, context_len - 1]]))
                 block.graph.replay()
                 drafts[mode] = block.drafts.clone()
-            times = {mode: [] for mode in MODES}
+            times = {mode: [] for mode in modes}
             for _ in range(rounds):
-                for mode in MODES:
+                for mode in modes:
                     times[mode].append(cuda_median_ms(blocks[mode, k].graph.replay, 20))
-            row = {"draft": name, "context": context, "k": k,
-                   "weight_floor_ms_per_token": weight_bytes / (COPY_TB_S * 1e9)}
-            for mode in MODES:
-                row[f"{mode}_ms"] = statistics.median(times[mode])
-                row[f"{mode}_same_drafts_as_per_launch"] = bool(torch.equal(drafts[mode], drafts["per_launch"]))
+            row = {"draft": name, "context": context_len, "k": k,
+                   "weight_floor_ms": k * weight_bytes / (COPY_TB_S * 1e9),
+                   **{f"{mode}_ms": statistics.median(times[mode]) for mode in modes},
+                   "same_drafts": bool(torch.equal(*drafts.values()))}
+            row["shipped_over_split_k"] = row["shipped_ms"] / row["split_k_ms"]
             rows.append(row)
-            print(f"  {name:18s} ctx {context:5d} k {k}: " + ", ".join(
-                f"{mode} {row[f'{mode}_ms']:.3f}" for mode in MODES) + f" ms; weights alone "
-                f"{row['weight_floor_ms_per_token'] * k:.3f}; same drafts " + "".join(
-                "y" if row[f"{mode}_same_drafts_as_per_launch"] else "n" for mode in MODES), flush=True)
+            print(f"  {name:18s} ctx {context_len:5d} k {k}: shipped {row['shipped_ms']:.3f} ms, split-K "
+                  f"{row['split_k_ms']:.3f} ms ({row['shipped_over_split_k']:.3f}x), weights alone "
+                  f"{row['weight_floor_ms']:.3f} ms, same drafts {row['same_drafts']}", flush=True)
     return rows
-
-
-if HAVE_TRITON:
-    import triton.language as tl
-    from triton import jit
-
-    from dfvg.gpu.draft_megakernel import _grid_barrier
-
-    @jit
-    def _barriers_kernel(bar_ptr, n):
-        """n grid barriers and nothing else, then the block kernel's exit (both counters back to zero)."""
-        nprog = tl.num_programs(0)
-        for i in range(n):
-            _grid_barrier(bar_ptr, (i + 1) * nprog)
-        done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu") == nprog - 1
-        tl.atomic_xchg(bar_ptr, 0, mask=done)
-        tl.atomic_xchg(bar_ptr + 1, 0, mask=done)
-
-
-def barrier_us(programs: int, barriers: int = 1000) -> float:
-    """Microseconds per grid barrier alone: one launch of `programs` programs passing `barriers` barriers with
-    no work between them, less the same launch with none (the floor under each phase of the block)."""
-    counter = torch.zeros(2, dtype=torch.int32, device="cuda")
-    run = lambda n: _barriers_kernel[(programs,)](counter, n, num_warps=4)  # noqa: E731
-    run(1)
-    torch.cuda.synchronize()
-    return (cuda_median_ms(lambda: run(barriers), 10) - cuda_median_ms(lambda: run(0), 10)) * 1e3 / barriers
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -171,8 +132,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("draft_block.py needs a CUDA GPU (this machine has none)")
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
               "provenance": "measured", "rows": []}
-    result["barrier_us"] = {n: barrier_us(n) for n in (8, 32, 66, 132)}
-    print(f"  grid barrier alone, us per barrier by programs: {result['barrier_us']}", flush=True)
     for name in args.drafts.split(","):
         result["rows"] += measure(name, DRAFTS[name], args.rounds)
         torch.cuda.empty_cache()

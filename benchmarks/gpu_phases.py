@@ -17,7 +17,6 @@ from benchmarks.gpu_speed import KERNELS, cuda_median_ms, save, sync, timed_runs
 from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
 from dfvg.generate import generate
-from dfvg.gpu import draft_megakernel
 from dfvg.gpu.graphs import GraphDrafter, GraphVerifier, draft_graph, token_graph
 from dfvg.gpu.tree_device import tree_room
 from dfvg.verifier import TorchVerifier
@@ -146,7 +145,6 @@ def phase_dfvg(args, models) -> dict:
         runs.update(tree_runs(args, prompts, verifier, small, "dfvg_distilled_tree"))
         if dev.startswith("cuda"):
             runs["step_times_distilled"] = step_times(verifier, small, ks(args))
-            runs.update(per_launch_draft_runs(args, models, prompts, verifier))
     for other in (kind for kind in KERNELS if kind != args.kernels and not args.one_kernel):
         other_verifier, _ = graph_pair(args, models, other)
         runs[f"dfvg_{other}_plain"] = timed_runs(f"dfvg plain ({other})", prompts,
@@ -156,23 +154,6 @@ def phase_dfvg(args, models) -> dict:
     eager = TorchVerifier(models["target"])
     runs["dfvg_plain_eager"] = timed_runs("dfvg plain (eager, 3 prompts)", prompts[:3],
                                           lambda ids: _out(generate(eager, ids, n)), dev)
-    return runs
-
-
-def per_launch_draft_runs(args, models, prompts: list[dict], verifier) -> dict:
-    """The distilled chain again with the draft's fused launches one by one (`draft_megakernel` off, a drafter
-    of its own so its graphs are captured that way): the one-launch block's baseline, in the same run."""
-    n, dev = args.max_new_tokens, args.device
-    draft_megakernel.ENABLED = False
-    try:
-        drafter = GraphDrafter(models["distilled"], models["target"].config.vocab_size, compile_blocks=False,
-                               cache_len=cache_len(models, args))
-        runs = {f"dfvg_distilled_k{k}_per_launch": timed_runs(f"dfvg spec distilled-draft k={k}, draft per launch",
-                                                               prompts, dfvg_runner(verifier, drafter, k, n), dev)
-                for k in ks(args)}
-        runs["step_times_distilled_per_launch"] = step_times(verifier, drafter, ks(args))
-    finally:
-        draft_megakernel.ENABLED = True
     return runs
 
 

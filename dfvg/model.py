@@ -114,10 +114,11 @@ class RMSNorm(nn.Module):
 class KVCache(nn.Module):
     """Static K/V storage [B, S, kv_heads, hd], written at absolute positions."""
 
-    def __init__(self, k: Tensor, v: Tensor):
+    def __init__(self, batch: int, max_seq_len: int, kv_heads: int, head_dim: int, dtype, device):
         super().__init__()
-        self.register_buffer("k", k, persistent=False)
-        self.register_buffer("v", v, persistent=False)
+        shape = (batch, max_seq_len, kv_heads, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
     def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write k/v [B, T, kv, hd] at input_pos [B, T]; return the cache of those B rows [B, S, kv, hd]."""
@@ -217,13 +218,10 @@ class Transformer(nn.Module):
             return
         weight = self.tok_embeddings.weight
         cfg = self.config
-        # One tensor for every layer's K (and one for V), each layer's cache a slice of it: a persistent kernel
-        # (dfvg.gpu.draft_megakernel) then reaches layer l's cache at a fixed stride from layer 0's.
-        shape = (len(self.layers), batch_size, max_seq_len, cfg.num_kv_heads, cfg.head_dim)
-        keys = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-        values = torch.zeros_like(keys)
-        for i, layer in enumerate(self.layers):
-            layer.attention.kv_cache = KVCache(keys[i], values[i])
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(
+                batch_size, max_seq_len, cfg.num_kv_heads, cfg.head_dim, weight.dtype, weight.device
+            )
         cos, sin = rope_table(cfg, max_seq_len, weight.device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

@@ -201,3 +201,25 @@ def test_sweep_rows_are_row_counts_a_launch_takes():
     for bad in ("", "1,x", "0", "65"):
         with pytest.raises(argparse.ArgumentTypeError, match="row counts 1..64"):
             row_counts(bad)
+
+
+def test_draft_block_compares_the_shipped_table_with_split_k_on_the_drafts_shapes_only():
+    """benchmarks/draft_block.py's two tables differ exactly in the distilled draft's five GEMV shapes (the
+    shipped one without split-K), and the target's entries stay in both; an unknown shape is one line."""
+    from benchmarks import draft_block
+    from dfvg.gpu import block_sizes
+    from dfvg.model import Transformer
+
+    tables = draft_block.tables_for(Transformer(draft_block.DISTILLED))
+    removed = set(tables["shipped"]) - set(tables["split_k"])
+    assert removed == {(768, 512), (512, 512), (1536, 512), (512, 1536), (32768, 512)}
+    assert all(tables["shipped"][shape]["SPLIT_K"] == 1 for shape in removed)
+    shipped = dict(block_sizes.TUNED)
+    try:  # without the entries, linear_config splits K for the small ones (what the benchmark compares with)
+        block_sizes.TUNED.clear()
+        assert all(block_sizes.linear_config(*shape)["SPLIT_K"] > 1 for shape in removed - {(32768, 512)})
+    finally:
+        block_sizes.TUNED.update(shipped)
+    assert (8960, 1536) in tables["split_k"]
+    with pytest.raises(SystemExit):
+        draft_block.main(["--out", "unused", "--drafts", "distilled-4x512,nope"])

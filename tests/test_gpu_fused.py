@@ -93,13 +93,13 @@ def test_fused_graph_model_matches_eager_forward_on_gpu():
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.8
 
 
-def interpreted(call: str, module: str = "test_gpu_fused") -> list[float]:
-    """Numbers printed by `call` (an expression on the helpers of the test module `module`, as t) run under
-    Triton's CPU interpreter, in a subprocess: TRITON_INTERPRET must be set before Triton is imported."""
+def interpreted(call: str) -> list[float]:
+    """Numbers printed by `call` (an expression on this module's helpers) run under Triton's CPU interpreter,
+    in a subprocess: TRITON_INTERPRET must be set before Triton is imported."""
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, "tests")
-        import {module} as t
+        import test_gpu_fused as t
         print(*{call})
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},

@@ -8,8 +8,8 @@ on the weight's shape only, never on the row count; an autotuner keyed on T woul
 
 from __future__ import annotations
 
-# Block sizes per weight shape (N, K), measured best on the H200 by benchmarks/gpu_rows.py --sweep for the
-# Qwen2.5-Coder-1.5B shapes with programmatic dependent launch (2026-12-04 evening,
+# Block sizes per weight shape (N, K), measured best on the H200: by benchmarks/gpu_rows.py --sweep for the
+# Qwen2.5-Coder-1.5B target's shapes with programmatic dependent launch (2026-12-04 evening,
 # benchmarks/h200_2026-12-04_pdl/rows: each launch alone, then the whole step: 1.589 against 1.667 ms at T = 1
 # for the table before, both with PDL, in alternating rounds); other shapes take `linear_config`.
 # Keyed by shape only: block sizes that changed with the row count would change the summation order.
@@ -19,6 +19,15 @@ TUNED: dict[tuple[int, int], dict] = {
     (8960, 1536): {"BN": 32, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
     (1536, 8960): {"BN": 32, "BK": 128, "SPLIT_K": 8, "num_warps": 4, "num_stages": 4},
     (151936, 1536): {"BN": 64, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
+    # The shipped distilled draft (4 layers of 512, a 32k head): no split-K. Its matrices are 0.5-3 MB, so a
+    # launch is a chain of dependent memory round trips, not a bandwidth stream, and split-K's partial sums
+    # add a store, an atomic and a reload to it: its 4-token block took 0.583 against 0.629 ms with
+    # `linear_config`'s split-K (benchmarks/draft_block.py, H200, 2026-12-04 20:2x UTC, alternating rounds).
+    (768, 512): {"BN": 16, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
+    (512, 512): {"BN": 16, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
+    (1536, 512): {"BN": 16, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
+    (512, 1536): {"BN": 16, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
+    (32768, 512): {"BN": 32, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
 }
 
 

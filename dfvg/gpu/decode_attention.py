@@ -141,18 +141,10 @@ if HAVE_TRITON:
         and a 32k cache at a 512-token context left 97 % of a (kv, split, token) grid idle (the T = 16 step's
         attention took 17 us a layer against 3.8 at T = 1, H200, 2026-12-04 night)."""
         _after_previous_launch(PDL)
-        _split_items(tl.program_id(0), tl.num_programs(0), q_ptr, kc_ptr, vc_ptr, pos_ptr, root_ptr, anc_ptr, m_ptr,
-                     l_ptr, acc_ptr, rows, wanted, scale, HEADS, KV_HEADS, HD, F32, BM, BS, TREE, DEPTH)
-
-    @triton.jit
-    def _split_items(first, step, q_ptr, kc_ptr, vc_ptr, pos_ptr, root_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, rows,
-                     wanted, scale, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
-                     F32: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, TREE: tl.constexpr, DEPTH: tl.constexpr):
-        """Work items first, first + step, .. of the split launch (`_attention_split_kernel`)."""
         end = tl.load(pos_ptr + rows - 1) + 1  # positions ascend: the last row sees the most slots
         live = tl.cdiv(end, BS)
         groups = tl.minimum(rows, tl.maximum(1, tl.cdiv(wanted, KV_HEADS * live)))
-        for item in range(first, KV_HEADS * live * groups, step):
+        for item in range(tl.program_id(0), KV_HEADS * live * groups, tl.num_programs(0)):
             item = tl.cast(item, tl.int32)  # (positions are int64; slots and splits stay int32, as at T = 1)
             _split_tokens(q_ptr, kc_ptr, vc_ptr, pos_ptr, root_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, rows, scale,
                           item % KV_HEADS, (item // KV_HEADS) % live.to(tl.int32),
@@ -167,19 +159,13 @@ if HAVE_TRITON:
         [rows, HEADS*HD]. Columns in separate programs so a 32k context (512 splits) is not a few long
         serial loops. Splits past the row's own position hold m = -inf and add exact zeros, so the sum is
         the one a T = 1 step makes."""
-        _after_previous_launch(PDL)
-        _combine_item(tl.program_id(0), tl.program_id(1), tl.program_id(2), pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr,
-                      rows, HEADS, KV_HEADS, HD, BM, BS, NS, BD)
-
-    @triton.jit
-    def _combine_item(head, t, column_block, pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
-                      KV_HEADS: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
-                      NS: tl.constexpr, BD: tl.constexpr):
-        """The merge of query head `head`, row t, columns column_block * BD.. (`_attention_combine_kernel`)."""
         GROUP: tl.constexpr = HEADS // KV_HEADS
+        _after_previous_launch(PDL)
+        head = tl.program_id(0)
+        t = tl.program_id(1)
         kv = head // GROUP
         live_splits = (tl.load(pos_ptr + rows - 1) + BS) // BS
-        d = column_block * BD + tl.arange(0, BD)
+        d = tl.program_id(2) * BD + tl.arange(0, BD)
         m_run = -float("inf")
         l_run = 0.0
         acc = tl.zeros((BD,), tl.float32)
@@ -198,6 +184,7 @@ if HAVE_TRITON:
             m_run = m_new
         out = acc / tl.where(l_run == 0, 1.0, l_run)
         tl.store(out_ptr + t * (HEADS * HD) + head * HD + d, out.to(tl.bfloat16))
+
 
 ATTENTION_SPLIT = 64  # cache slots per attention program
 

@@ -75,16 +75,16 @@ if HAVE_TRITON:
             acc = acc.to(tl.bfloat16).to(tl.float32) + tl.load(res_ptr + where, mask=valid, other=0.0).to(tl.float32)
         tl.store(out_ptr + where, acc.to(out_ptr.dtype.element_ty), mask=valid)
 
-    @triton.jit
-    def _linear_item(item, x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
-                     K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                     SPLIT_K: tl.constexpr):
-        """Work item `item` (weight block, K split, row tile; `_program`) of a linear launch: the launch's
-        program of that id, or a turn of a persistent program (`dfvg.gpu.draft_block`)."""
-        block, split, t0, tile = _program(item, rows, SPLIT_K, BT)
+    @triton.jit(do_not_specialize=["rows"])
+    def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
+                       K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+        """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
+        block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         n0 = block * BN
         n_rows = 2 * N if SWIGLU else N
+        _after_previous_launch(PDL)
         acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0, split * k_len, k_len, K,
                               eps, NORM, SWIGLU, F32, BT, BN, BK)
         last = True
@@ -92,16 +92,6 @@ if HAVE_TRITON:
             acc, acc_up, last = _reduce_splits(acc, acc_up, part_ptr, count_ptr, tile, split, SWIGLU, SPLIT_K, BT,
                                                BN)
         _linear_out(acc, acc_up, t0, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES, BT, BN)
-
-    @triton.jit(do_not_specialize=["rows"])
-    def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
-                       K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
-        """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
-        _after_previous_launch(PDL)
-        _linear_item(tl.program_id(0), x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr,
-                     rows, N, K, k_len, eps, NORM, SWIGLU, HAS_BIAS, HAS_RES, F32, BT, BN, BK, SPLIT_K)
 
     @triton.jit
     def _rope_out(acc_lo, acc_hi, t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
@@ -143,20 +133,22 @@ if HAVE_TRITON:
         tl.store(dest + at, y_lo.to(tl.bfloat16), mask=mask)
         tl.store(dest + at + HALF, y_hi.to(tl.bfloat16), mask=mask)
 
-    @triton.jit
-    def _qkv_rope_item(item, x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
-                       part_ptr, count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr,
-                       KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
-                       BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr):
+    @triton.jit(do_not_specialize=["rows"])
+    def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
+                         part_ptr, count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr,
+                         KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
+                         BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
+                         PDL: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
         position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
         HALF: tl.constexpr = HD // 2
         chunks: tl.constexpr = HALF // BN
-        block, split, t0, tile = _program(item, rows, SPLIT_K, BT)
+        block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         head = block // chunks
         lo = (block % chunks) * BN + tl.arange(0, BN)  # column within the head's first half
         row_lo = head * HD + (block % chunks) * BN
+        _after_previous_launch(PDL)
         acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
                                  rows, t0, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK)
         last = True
@@ -166,17 +158,6 @@ if HAVE_TRITON:
         _rope_out(acc_lo, acc_hi, t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
                   rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
 
-    @triton.jit(do_not_specialize=["rows"])
-    def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
-                         part_ptr, count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr,
-                         KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
-                         BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
-                         PDL: tl.constexpr):
-        """RMSNorm + QKV + RoPE, one program per work item (`_qkv_rope_item`)."""
-        _after_previous_launch(PDL)
-        _qkv_rope_item(tl.program_id(0), x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr,
-                       kc_ptr, vc_ptr, part_ptr, count_ptr, rows, K, k_len, eps, HEADS, KV_HEADS, HD, HAS_BIAS, F32,
-                       BT, BN, BK, SPLIT_K)
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)

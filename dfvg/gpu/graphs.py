@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from dfvg.drafter import DraftBlock, TorchDrafter
-from dfvg.gpu import draft_megakernel, fused
+from dfvg.gpu import fused
 from dfvg.gpu.block import block_forward, layer_weights, raise_recompile_limit
 from dfvg.gpu.kernels import MAX_ROWS, greedy_accept
 from dfvg.gpu.tree_rows import TreeRows
@@ -342,12 +342,7 @@ class _DraftGraph:
 
 def draft_body(gm: GraphModel, state: Tensor, drafts: Tensor, vocab: int) -> Tensor:
     """Device-only drafting for B rows: each catches up on its [prev, last] at [pos-1, pos], then k-1
-    single-token steps. state [B, 3] = [prev_token, last_token, last_pos] per row; drafts [B, k].
-    One row on the fused layers takes the whole block in one launch (`dfvg.gpu.draft_megakernel`): the same
-    values, bit for bit, without ~30 launches a token."""
-    if state.shape[0] == 1 and gm.fused and draft_megakernel.ENABLED and draft_megakernel.unsupported(
-            gm.model) is None:
-        return _megakernel(gm, drafts.shape[1], vocab)(state, drafts)
+    single-token steps. state [B, 3] = [prev_token, last_token, last_pos] per row; drafts [B, k]."""
     pos = state[:, 2:3] - 1 + torch.arange(2, device=state.device)  # [B, 2]
     token = gm.forward_rows(state[:, :2], pos, last_only=True)[:, 0, :vocab].argmax(-1)  # [B]
     drafts[:, 0].copy_(token)
@@ -355,15 +350,6 @@ def draft_body(gm: GraphModel, state: Tensor, drafts: Tensor, vocab: int) -> Ten
         token = gm.forward_rows(token[:, None], state[:, 2:3] + i, last_only=True)[:, 0, :vocab].argmax(-1)
         drafts[:, i].copy_(token)
     return drafts
-
-
-def _megakernel(gm: GraphModel, k: int, vocab: int) -> draft_megakernel.DraftMegakernel:
-    """gm's block kernel for k drafts (built on first use, outside capture: graphs warm up first); it lives in
-    the graph table, so a new cache drops it with the graphs."""
-    key = ("draft-megakernel", k, vocab)
-    if key not in gm.graphs:
-        gm.graphs[key] = draft_megakernel.DraftMegakernel(gm.model, k, vocab)
-    return gm.graphs[key]
 
 
 def draft_graph(gm: GraphModel, k: int, vocab: int) -> _DraftGraph:
