@@ -203,7 +203,7 @@ def test_sweep_rows_are_row_counts_a_launch_takes():
             row_counts(bad)
 
 
-def test_draft_block_compares_the_shipped_table_with_split_k_on_the_drafts_shapes_only():
+def test_draft_block_compares_the_shipped_table_with_split_k_on_the_drafts_shapes_only(capsys):
     """benchmarks/draft_block.py's two tables differ exactly in the distilled draft's five GEMV shapes (the
     shipped one without split-K), and the target's entries stay in both; an unknown shape is one line."""
     from benchmarks import draft_block
@@ -221,5 +221,8 @@ def test_draft_block_compares_the_shipped_table_with_split_k_on_the_drafts_shape
     finally:
         block_sizes.TUNED.update(shipped)
     assert (8960, 1536) in tables["split_k"]
-    with pytest.raises(SystemExit):
-        draft_block.main(["--out", "unused", "--drafts", "distilled-4x512,nope"])
+    for bad, says in ((["--drafts", "distilled-4x512,nope"], "unknown draft shape 'nope'"),
+                      (["--rounds", "0"], "--rounds 0: give at least 1")):
+        with pytest.raises(SystemExit) as exited:
+            draft_block.main(["--out", "unused", *bad])
+        assert exited.value.code == 2 and says in capsys.readouterr().err
