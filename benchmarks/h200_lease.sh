@@ -7,7 +7,8 @@
 #     1. the gpu-marked kernel, graph and tree tests (bit-identical rows for T = 1..64 among them);
 #     2. benchmarks/gpu_rows.py --profile: device time per kernel at T = 1 / 16 / 64, the code variants side by
 #        side (gpu_rows.modes_of: K/V per token or shared, the attention grid),
-#        rows x contexts, invariance, cuBLAS;
+#        rows x contexts, invariance, cuBLAS; then benchmarks/draft_block.py: the distilled draft's block with the
+#        shipped block sizes against linear_config's split-K (it has not run in its committed form yet);
 #   bash benchmarks/h200_lease.sh pair CHUNKS OUT     # after the chunks arrived, with drafts/ carried:
 #     3. waits for part 1 (one GPU: timings must not overlap);
 #     4. gpu_speed --phases dfvg --ks 4 with --trees' shapes: DFVG plain, chain and trees with the 0.5B and the
@@ -36,6 +37,7 @@ if [ "$part" = kernels ]; then
     tests/test_gpu_kernels.py} > "$out/gpu_tests.log" 2>&1 || true
   tail -3 "$out/gpu_tests.log"
   python3 benchmarks/gpu_rows.py --profile ${ROWS_FLAGS:-} --out "$out/rows" 2>&1 | tee "$out/rows.log"
+  timeout 300 python3 benchmarks/draft_block.py --out "$out/draft_block" 2>&1 | tee "$out/draft_block.log" || true
   echo KERNELS_DONE
   exit 0
 fi
