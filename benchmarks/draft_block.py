@@ -31,6 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import gpu_rows  # noqa: E402
 from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
 from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
@@ -75,11 +76,9 @@ class _Block:
 
 
 def tables_for(model) -> dict[str, dict]:
-    """The two tables: as shipped, and without an entry for any of this draft's GEMV shapes."""
-    cfg = model.config
-    d, ffn = cfg.hidden_size, cfg.intermediate_size
-    shapes = {(cfg.qkv_size, d), (d, cfg.num_heads * cfg.head_dim), (ffn, d), (d, ffn),
-              (model.output.weight.shape[0], d)}
+    """The two tables: as shipped, and without an entry for any of this draft's GEMV shapes (`gpu_rows.shapes`:
+    the (N, K) each fused launch looks up)."""
+    shapes = {(n, k) for n, k, _ in gpu_rows.shapes(model.config).values()}
     return {"shipped": dict(block_sizes.TUNED),
             "split_k": {shape: c for shape, c in block_sizes.TUNED.items() if shape not in shapes}}
 
@@ -98,7 +97,7 @@ def measure(name: str, cfg: ModelConfig, rounds: int) -> list[dict]:
         drafter.prefill(context, CACHE)  # the same cache (the model's) and context for both
         for k in KS:
             blocks[mode, k] = _Block(drafter, k, table)
-    modes = sorted({mode for mode, _ in blocks})
+    modes = list(tables)
     rows = []
     for context_len in CONTEXTS:
         for k in KS:
@@ -145,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
         (args.out / "draft_block.json").write_text(json.dumps(result, indent=1))  # after each draft: kept if cut
     print(f"wrote {args.out / 'draft_block.json'}")
+
 
 if __name__ == "__main__":
     main()

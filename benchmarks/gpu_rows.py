@@ -51,11 +51,12 @@ CONTEXTS = (512, 2048, 8192, 32704)  # 32k: the model's 32,768 less the graph mo
 
 
 def shapes(cfg) -> dict[str, tuple[int, int, dict]]:
-    """name -> (N seen by the launch, K, fused_linear options) of the target's weight-streaming launches."""
+    """name -> (N seen by the launch, K, fused_linear options) of a model's weight-streaming launches (the
+    target's here; draft_block.py's drafts too, whose distilled head has its own rows)."""
     d, i = cfg.hidden_size, cfg.intermediate_size
     return {"wqkv": (cfg.qkv_size, d, {}), "wo": (d, cfg.num_heads * cfg.head_dim, {"residual": True}),
             "w13": (i, d, {"norm": True, "swiglu": True}), "w2": (d, i, {"residual": True}),
-            "lm_head": (cfg.vocab_size, d, {"norm": True})}
+            "lm_head": (cfg.head_vocab_size or cfg.vocab_size, d, {"norm": True})}
 
 
 def sweep_grid(n: int, k: int, norm: bool) -> list[dict]:

@@ -22,7 +22,8 @@ TUNED: dict[tuple[int, int], dict] = {
     # The shipped distilled draft (4 layers of 512, a 32k head): no split-K. Its matrices are 0.5-3 MB, so a
     # launch is a chain of dependent memory round trips, not a bandwidth stream, and split-K's partial sums
     # add a store, an atomic and a reload to it: its 4-token block took 0.583 against 0.629 ms with
-    # `linear_config`'s split-K (benchmarks/draft_block.py, H200, 2026-12-04 20:2x UTC, alternating rounds).
+    # `linear_config`'s split-K (H200, alternating rounds: benchmarks/h200_2026-12-04_draft_block/
+    # draft_block_control.json, measured by benchmarks/draft_block.py of commit da5bcaf).
     (768, 512): {"BN": 16, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
     (512, 512): {"BN": 16, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
     (1536, 512): {"BN": 16, "BK": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
