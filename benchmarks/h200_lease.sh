@@ -17,7 +17,10 @@
 #     5. dfvg generate on one held-out prompt: plain, the distilled chain, its dynamic:16 tree;
 #     6. --phases hf_eager,hf_static,hf_assist,report --ks 4 (last: the part that may be cut short).
 # The kernels part takes KERNEL_TESTS (test files beside test_gpu_fused.py and test_tree_device.py; default: the
-# graph and kernel tests; empty: none) and ROWS_FLAGS (extra gpu_rows.py flags, e.g. --modes-only) from the environment.
+# graph and kernel tests; empty: none), ROWS_FLAGS (extra gpu_rows.py flags, e.g. --modes-only, or
+# "--sweep --sweep-rows 1,5,16") and BASELINE_DIR from the environment. BASELINE_DIR: an earlier revision's
+# dfvg/ and benchmarks/ (made here with `git archive REV dfvg benchmarks | tar -x -C build/baseline`, carried);
+# its shipped step runs first (gpu_rows.py --modes-only, one mode), in the same lease but its own process.
 # Each part copies the repository first, so calls made while it runs may resync the working tree.
 # Lessons of the leases that ran it: the machine is given back 30 s after a call returns even while these
 # parts run in the background (their files go with it), so keep calling (e.g. `sleep 200; tail log`) and edit
@@ -36,6 +39,10 @@ if [ "$part" = kernels ]; then
   python3 -m pytest -q -m gpu tests/test_gpu_fused.py tests/test_tree_device.py ${KERNEL_TESTS-tests/test_gpu_graphs.py \
     tests/test_gpu_kernels.py} > "$out/gpu_tests.log" 2>&1 || true
   tail -3 "$out/gpu_tests.log"
+  if [ -n "${BASELINE_DIR:-}" ]; then
+    (cd "$BASELINE_DIR" && python3 benchmarks/gpu_rows.py --modes-only \
+      --modes "K/V shared, 8 split programs per SM (shipped)" --out "$out/baseline") 2>&1 | tee "$out/baseline.log"
+  fi
   python3 benchmarks/gpu_rows.py --profile ${ROWS_FLAGS:-} --out "$out/rows" 2>&1 | tee "$out/rows.log"
   timeout 300 python3 benchmarks/draft_block.py --out "$out/draft_block" 2>&1 | tee "$out/draft_block.log" || true
   echo KERNELS_DONE
