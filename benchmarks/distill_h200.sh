@@ -27,15 +27,22 @@ PROMPTS=${PROMPTS:-$PROMPT_DIR/humaneval.jsonl*8,$PROMPT_DIR/sharegpt5k.jsonl}
 STEPS=${STEPS:-2000}
 DEVICE=${DEVICE:-cuda}                          # cpu: a dry run of the recipe on a toy target
 SHAPES=${SHAPES:-"4:512:32768"}   # layers:hidden:vocab-top, first = the FPGA rows of eval
+TEACHER_BATCH=${TEACHER_BATCH:-128}             # continuations generated at once (the 2026-12-02 run: 128)
+BATCH_SIZE=${BATCH_SIZE:-32}                    # training sequences per step
 COMMON=(--target "$TARGET" --device "$DEVICE" --prompts "$PROMPTS" --teacher-cache "$RESULTS/teacher"
         --val-fraction 0.1 --test-fraction 0.25 --max-prompt-tokens 256 --max-new-tokens 128 --teacher-top-k 32
-        --teacher-batch 128 --teacher-dtype bfloat16 --seed 0 --eval-k 2,4,6,8)
+        --teacher-batch "$TEACHER_BATCH" --teacher-dtype bfloat16 --seed 0 --eval-k 2,4,6,8)
 
 name_of() { IFS=: read -r l d v <<<"$1"; echo "l${l}-d${d}-v${v}"; }
 
 stage_prompts() {  # CPU side: the built-in sets as files (same prompt keys, hence the same split)
     python scripts/prepare_dataset.py --input humaneval --output "$PROMPT_DIR/humaneval.jsonl"
     python scripts/prepare_dataset.py --input sharegpt --limit 5000 --output "$PROMPT_DIR/sharegpt5k.jsonl"
+    # Larger sets for a longer run. Keys are "<file stem>/<id>", and sharegpt-code.jsonl gets sharegpt/ keys,
+    # so these two cannot be listed together. The shipped draft's split used sharegpt5k/ keys: on these sets,
+    # judge it only on records past the first 5,000, which it never saw.
+    python scripts/prepare_dataset.py --input sharegpt --output "$PROMPT_DIR/sharegpt.jsonl"
+    python scripts/prepare_dataset.py --input sharegpt-code --output "$PROMPT_DIR/sharegpt-code.jsonl"
 }
 
 stage_prepare() {
@@ -59,7 +66,7 @@ stage_train() {  # resumable: run it again in the next lease until the log's las
         local ckpt="$RESULTS/ckpt-$(name_of "$shape")" resume=()
         [ -f "$ckpt/checkpoint.json" ] && resume=(--resume "$ckpt")
         python scripts/distill_draft.py "${COMMON[@]}" --output "$RESULTS/$(name_of "$shape")" --layers "$l" \
-            --hidden "$d" --vocab-top "$v" --steps "$STEPS" --batch-size 32 --lr 1e-3 --init target-pca \
+            --hidden "$d" --vocab-top "$v" --steps "$STEPS" --batch-size "$BATCH_SIZE" --lr 1e-3 --init target-pca \
             --checkpoint-dir "$ckpt" --checkpoint-every 200 --time-budget "${TIME_BUDGET:-420}" "${resume[@]}" \
             | tee -a "$RESULTS/$(name_of "$shape").log"
     done
