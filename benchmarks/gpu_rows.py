@@ -24,7 +24,8 @@ by CUDA events around replays (medians). What it measures:
    items in turn (`decode_attention.SPLIT_PROGRAMS_PER_SM`; shipped), and shipped with each other table (e.g.
    the sweep's), timed in alternating rounds; whether every mode's logits equal the first mode's bit for bit;
    the faster block-size table on the whole step (fastest_tuned.json) is the one the rest of the run uses;
-6. `--profile`: device time per kernel name in a replayed step at T = 1, 16 and 64 (torch.profiler).
+6. `--profile`: device time per kernel name in a replayed step at T = 1, 16 and 64, contexts 512 and 32,704
+   (torch.profiler).
 """
 
 from __future__ import annotations
@@ -261,28 +262,33 @@ def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None
     return out
 
 
-def kernel_profile(gm: GraphModel, context: int = 512, rows_list=(1, 16, 64), replays: int = 20) -> list[dict]:
-    """Device time per step of each kernel (by name) in a replayed T-row step: where a verify's extra time
-    goes. (torch.profiler over graph replays; an empty list where CUPTI reports no kernels in graphs.)"""
+def kernel_profile(gm: GraphModel, contexts=(512, 32704), rows_list=(1, 16, 64), replays: int = 20) -> list[dict]:
+    """Device time per step of each kernel (by name) in a replayed T-row step, at a short and at the longest
+    context: where a verify's extra time goes, and what a long context adds (attention's split and merge).
+    (torch.profiler over graph replays; an empty list where CUPTI reports no kernels in graphs.)"""
     from torch.profiler import ProfilerActivity, profile
 
     out = []
-    for rows in rows_list:
-        graph = step_graph(gm, rows, context)
-        graph.replay()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(replays):
-                graph.replay()
+    for context in contexts:
+        for rows in rows_list:
+            graph = step_graph(gm, rows, context)
+            graph.replay()
             torch.cuda.synchronize()
-        for event in prof.key_averages():
-            total = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
-            if total > 0:
-                out.append({"T": rows, "context": context, "kernel": event.key, "us_per_step": total / replays,
-                            "launches_per_step": event.count / replays})
-        mine = sorted((r for r in out if r["T"] == rows), key=lambda r: -r["us_per_step"])
-        print(f"  profile T={rows}: " + "; ".join(f"{r['kernel'][:40]} {r['us_per_step']:.0f} us "
-                                                  f"({r['launches_per_step']:.0f}x)" for r in mine[:6]), flush=True)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(replays):
+                    graph.replay()
+                torch.cuda.synchronize()
+            mine = []
+            for event in prof.key_averages():
+                total = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
+                if total > 0:
+                    mine.append({"T": rows, "context": context, "kernel": event.key, "us_per_step": total / replays,
+                                 "launches_per_step": event.count / replays})
+            mine.sort(key=lambda r: -r["us_per_step"])
+            print(f"  profile context {context} T={rows}: " + "; ".join(
+                f"{r['kernel'][:40]} {r['us_per_step']:.0f} us ({r['launches_per_step']:.0f}x)" for r in mine[:6]),
+                flush=True)
+            out += mine
     return out
 
 
@@ -337,7 +343,8 @@ def main(argv=None) -> None:
     p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply instead of sweeping")
     p.add_argument("--modes-only", action="store_true", help="only the launch-mode comparison")
     p.add_argument("--modes", default="", help="launch modes to run, separated by ';' (default: all)")
-    p.add_argument("--profile", action="store_true", help="first, device time per kernel at T = 1 / 16 / 64")
+    p.add_argument("--profile", action="store_true",
+                   help="first, device time per kernel at T = 1 / 16 / 64, contexts 512 and 32,704")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gpu_rows.py needs a CUDA GPU (this machine has none)")

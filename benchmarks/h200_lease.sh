@@ -5,8 +5,8 @@
 #
 #   bash benchmarks/h200_lease.sh kernels OUT        # first call (no model weights needed):
 #     1. the gpu-marked kernel, graph and tree tests (bit-identical rows for T = 1..64 among them);
-#     2. benchmarks/gpu_rows.py --profile: device time per kernel at T = 1 / 16 / 64, the code variants side by
-#        side (gpu_rows.modes_of: K/V per token or shared, the attention grid),
+#     2. benchmarks/gpu_rows.py --profile: device time per kernel at T = 1 / 16 / 64 (contexts 512 and 32k), the
+#        code variants side by side (gpu_rows.modes_of: K/V per token or shared, the attention grid),
 #        rows x contexts, invariance, cuBLAS; then benchmarks/draft_block.py: the distilled draft's block with the
 #        shipped block sizes against linear_config's split-K (it has not run in its committed form yet);
 #   bash benchmarks/h200_lease.sh pair CHUNKS OUT     # after the chunks arrived, with drafts/ carried:
