@@ -21,8 +21,10 @@ by CUDA events around replays (medians). What it measures:
 5. code variants side by side (`modes_of`): the step at T = 1 .. 64 and contexts 512 and 32k with K/V read
    per token and a split program per (kv head, split, token) of the cache (the code before), with the K/V tile
    shared by a split's tokens (`decode_attention.SHARE_KV`), with the split launch's programs also taking work
-   items in turn (`decode_attention.SPLIT_PROGRAMS_PER_SM`; shipped), and shipped with each other table (e.g.
-   the sweep's), timed in alternating rounds; whether every mode's logits equal the first mode's bit for bit;
+   items in turn (`decode_attention.SPLIT_PROGRAMS_PER_SM`; shipped), shipped with each other table (e.g.
+   the sweep's), and shipped with 32- and 64-row tiles (`fused.TILE_ROWS`: a verify of up to 32 or 64 rows in
+   one tile; their invariance is checked too), timed in alternating rounds; whether every mode's logits equal
+   the first mode's bit for bit;
    the faster block-size table on the whole step (fastest_tuned.json) is the one the rest of the run uses;
 6. `--profile`: device time per kernel name in a replayed step at T = 1, 16 and 64, contexts 512 and 32,704
    (torch.profiler).
@@ -191,28 +193,46 @@ def invariance(gm: GraphModel, context: int = 600) -> list[dict]:
 
 
 MODE_ROWS = (1, 5, 16, 17, 33, 64)
+TALL_TILES = (32, 64)  # row-tile heights timed beside the shipped one (`fused.TILE_ROWS`)
 MODE_CONTEXTS = (512, 32704)
+
+
+def tall_tile_invariance(gm: GraphModel) -> dict[int, list[dict]]:
+    """`invariance` with each height of TALL_TILES: a taller tile must keep every row bit-identical too."""
+    shipped = fused.TILE_ROWS
+    out = {}
+    try:
+        for rows in TALL_TILES:
+            fused.TILE_ROWS = rows
+            print(f"  {rows}-row tiles:", flush=True)
+            out[rows] = invariance(gm)
+    finally:
+        fused.TILE_ROWS = shipped
+    return out
 
 
 def current_mode() -> dict:
     """The module switches as they are now (as shipped, outside `launch_modes`), with the shipped table."""
     return {"pdl": decode_attention.PDL, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
-            "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM}
+            "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
-    """Code variants timed side by side: the module switches (PDL, shared K/V, the attention grid) and a
-    block-size table each. The first is the code before this change, the last the one shipped now."""
+    """Code variants timed side by side: the module switches (PDL, shared K/V, the attention grid, the GEMVs'
+    tile height) and a block-size table each. The first is the attention before the 2026-12-04 change; then
+    the shipped code, other tables, and taller row tiles (32 or 64 rows, with the shipped table)."""
     shipped = current_mode()
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
                                                                       "split_programs": None},
              "K/V shared, a split program per (kv, split, token)": {**shipped, "split_programs": None},
              f"K/V shared, {shipped['split_programs']} split programs per SM (shipped)": shipped}
-    return modes | {f"shipped with the {name} block sizes": {**shipped, "table": name}
-                    for name in tables if name != "shipped"}
+    modes |= {f"shipped with the {name} block sizes": {**shipped, "table": name}
+              for name in tables if name != "shipped"}
+    return modes | {f"shipped with {rows}-row tiles": {**shipped, "tile_rows": rows} for rows in TALL_TILES}
 
 
 def _set_mode(mode: dict, tables: dict[str, list]) -> None:
+    fused.TILE_ROWS = mode["tile_rows"]
     decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
     decode_attention.SPLIT_PROGRAMS_PER_SM = mode["split_programs"]
     block_sizes.TUNED.clear()
@@ -254,7 +274,8 @@ def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None
         reference_graph, reference, _ = graphs[first, context, rows]
         reference_graph.replay()  # (same tokens and positions: the cache holds the same K/V after either)
         ms, base = sorted(times[name, context, rows])[rounds // 2], sorted(times[first, context, rows])[rounds // 2]
-        out.append({"mode": name, "block_sizes": modes[name]["table"], "context": context, "T": rows, "ms": ms,
+        out.append({"mode": name, "block_sizes": modes[name]["table"], "tile_rows": modes[name]["tile_rows"],
+                    "context": context, "T": rows, "ms": ms,
                     "ratio_to_first_mode": ms / base,
                     "logits_identical_to_first_mode": bool(torch.equal(logits, reference))})
         print(f"  {name:45s} context {context:5d} T={rows:2d}: {ms:.3f} ms ({ms / base:.3f}x the first mode), "
@@ -293,10 +314,11 @@ def kernel_profile(gm: GraphModel, contexts=(512, 32704), rows_list=(1, 16, 64),
 
 
 def fastest_table(modes: list[dict]) -> str:
-    """The block-size table of the mode whose step is fastest at T = 1 + T = 5 (the whole step decides)."""
+    """The block-size table of the mode whose step is fastest at T = 1 + T = 5 (the whole step decides), among
+    the modes with the shipped tile height (a table is tuned for one)."""
     cost: dict = {}
     for r in modes:
-        if r["T"] in (1, 5):
+        if r["T"] in (1, 5) and r.get("tile_rows", fused.TILE_ROWS) == fused.TILE_ROWS:
             cost[r["mode"]] = cost.get(r["mode"], 0.0) + r["ms"]
     best = min(cost, key=cost.get)
     return next(r["block_sizes"] for r in modes if r["mode"] == best)
@@ -380,6 +402,7 @@ def main(argv=None) -> None:
         return
     result |= {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
                "floor_ms": weight_bytes / (COPY_TB_S * 1e12) * 1e3, "invariance": invariance(gm),
+               "invariance_tall_tiles": tall_tile_invariance(gm),
                "steps": step_times(gm, weight_bytes, kv_per_token), "cublas": cublas_times(cfg)}
     t1 = next(r for r in result["steps"] if r["T"] == 1 and r["context"] == CONTEXTS[0])
     result["fraction_of_floor_T1_512"] = result["floor_ms"] / t1["ms"]

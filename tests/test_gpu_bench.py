@@ -160,7 +160,7 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     """gpu_rows.py's first mode is the code before the attention change (ratios are against it), one mode is
     exactly the shipped switches, and a mode's switches are set and then restored around the captures."""
     from benchmarks import gpu_rows
-    from dfvg.gpu import block_sizes, decode_attention
+    from dfvg.gpu import block_sizes, decode_attention, fused
 
     tables = {"shipped": block_sizes.tuned_rows(), "swept": [[1536, 1536, {"BN": 64, "BK": 64, "SPLIT_K": 1,
                                                                         "num_warps": 4, "num_stages": 2}]]}
@@ -168,17 +168,26 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     before = next(iter(modes.values()))
     assert before["share_kv"] is False and before["split_programs"] is None
     shipped = {"pdl": True, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
-               "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM}
+               "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS}
     assert sum(mode == shipped for mode in modes.values()) == 1
     assert modes["shipped with the swept block sizes"]["table"] == "swept"
+    assert [modes[f"shipped with {rows}-row tiles"] for rows in (32, 64)] == [
+        {**shipped, "tile_rows": 32}, {**shipped, "tile_rows": 64}]
     try:
         gpu_rows._set_mode(before, tables)
         assert decode_attention.SPLIT_PROGRAMS_PER_SM is None and not decode_attention.SHARE_KV
         gpu_rows._set_mode(modes["shipped with the swept block sizes"], tables)
         assert block_sizes.linear_config(1536, 1536)["BN"] == 64
+        gpu_rows._set_mode(modes["shipped with 64-row tiles"], tables)
+        assert fused.TILE_ROWS == 64
     finally:
         gpu_rows._set_mode(shipped, tables)
-    assert decode_attention.SHARE_KV and block_sizes.tuned_rows() == tables["shipped"]
+    assert decode_attention.SHARE_KV and block_sizes.tuned_rows() == tables["shipped"] and fused.TILE_ROWS == 16
+    # a table is tuned for one tile height: the fastest table is chosen among the shipped height's modes only
+    rows = [{"mode": "a", "block_sizes": "shipped", "tile_rows": 16, "T": 1, "ms": 1.7},
+            {"mode": "b", "block_sizes": "swept", "tile_rows": 16, "T": 1, "ms": 1.6},
+            {"mode": "c", "block_sizes": "shipped", "tile_rows": 64, "T": 1, "ms": 1.0}]
+    assert gpu_rows.fastest_table(rows) == "swept"
 
 
 def test_sweep_grid_tries_wide_blocks_for_wide_weights_only():

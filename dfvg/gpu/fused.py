@@ -47,8 +47,11 @@ from dfvg.gpu.decode_attention import INTERPRETED, attention, pdl_on
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.gpu.tree_rows import TreeRows
 
-TILE_ROWS = 16  # rows of one tensor-core tile (the smallest MMA height)
-MAX_ROWS = 64  # new tokens per launch: 4 row tiles
+# Rows of one tensor-core tile: 16, the smallest MMA height. Every launch reads it when called (a captured graph
+# keeps the height it was captured with); benchmarks/gpu_rows.py also times 32 and 64, which would make a verify
+# of up to 32 or 64 rows one tile, at the price of a taller tile for a one-row decode step.
+TILE_ROWS = 16
+MAX_ROWS = 64  # new tokens per launch: MAX_ROWS / TILE_ROWS row tiles
 
 if HAVE_TRITON:
     import triton
