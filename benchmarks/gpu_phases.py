@@ -201,12 +201,33 @@ def phase_hf_eager(args, models) -> dict:
 
 
 def phase_hf_assist(args, models) -> dict:
-    out = {}
+    """HF assisted generation with the 0.5B draft at each k of --ks. With several, k is chosen on the first
+    --hf-validation prompts and quoted on the rest, held out from the choice (as llama.cpp's draft length): the
+    peer's best k without choosing it on the prompts it is quoted on."""
+    prompts, out = models["prompts"], {}
+    if len(ks(args)) == 1:
+        valid, held = [], list(range(len(prompts)))
+    elif 1 <= args.hf_validation < len(prompts):
+        valid, held = list(range(args.hf_validation)), list(range(args.hf_validation, len(prompts)))
+    else:
+        raise SystemExit(f"error: --hf-validation {args.hf_validation} must be >= 1 and leave held-out prompts "
+                         f"({len(prompts)} prompts)")
+    runs = {}
     for k in ks(args):
-        run = hf_generate(models["hf_target"], models["hf_draft"], k, args.max_new_tokens, args.device)
-        run(models["prompts"][0]["ids"][:64])
-        out[f"hf_assist_k{k}"] = timed_runs(f"hf assisted k={k}", models["prompts"], run, args.device, warm=False)
-        save(args, "hf_assist", dict(out))  # each k as it finishes: a timed-out call keeps what it measured
+        runs[k] = hf_generate(models["hf_target"], models["hf_draft"], k, args.max_new_tokens, args.device)
+        runs[k](prompts[0]["ids"][:64])
+    best = ks(args)[0]
+    if valid:
+        tried = {k: timed_runs(f"hf assisted k={k} (valid.)", [prompts[i] for i in valid], runs[k], args.device,
+                               warm=False) for k in ks(args)}
+        best = max(tried, key=lambda k: tried[k]["tokens_per_s"])
+        out["hf_assist_validation"] = {"prompt_indices": valid, "chosen_k": best, **{
+            f"k{k}": {"tokens_per_s": r["tokens_per_s"], "new_tokens": r["new_tokens"]} for k, r in tried.items()}}
+        save(args, "hf_assist", dict(out))  # a timed-out call keeps the choice
+    result = timed_runs(f"hf assisted k={best}", [prompts[i] for i in held], runs[best], args.device, warm=False)
+    if valid:
+        result["prompt_indices"] = held
+    out[f"hf_assist_k{best}"] = result
     return out
 
 

@@ -20,12 +20,18 @@ def _prefix(a: list[int], b: list[int]) -> int:
 
 
 def match_rate(run: dict, ref: dict | None) -> float | None:
-    """None where a side has no token lists (llama.cpp's tools report speeds, not token ids)."""
+    """Share of ref's tokens run reproduces, over run's prompts (`prompt_indices`: a peer quoted on held-out
+    prompts); None where a side has no token lists (llama.cpp's tools report speeds, not token ids)."""
     if ref is None or run.get("tokens") is None or ref.get("tokens") is None:
         return None
-    if len(ref["tokens"]) != len(run["tokens"]):
+    theirs = ref["tokens"]
+    if run.get("prompt_indices") is not None and ref.get("prompt_indices") is None:
+        if max(run["prompt_indices"]) >= len(theirs):
+            return None
+        theirs = [theirs[i] for i in run["prompt_indices"]]
+    if len(theirs) != len(run["tokens"]):
         return None
-    return statistics.mean(_prefix(a, b) / max(1, len(b)) for a, b in zip(run["tokens"], ref["tokens"], strict=True))
+    return statistics.mean(_prefix(a, b) / max(1, len(b)) for a, b in zip(run["tokens"], theirs, strict=True))
 
 
 def acceptance(run: dict) -> tuple[float | None, float | None]:

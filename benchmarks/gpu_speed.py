@@ -77,6 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--ks", default="2,4,6,8", type=draft_lengths)
+    p.add_argument("--hf-validation", type=int, default=3,
+                   help="hf_assist with several --ks: the first N prompts choose k, the rest quote it")
     p.add_argument("--results", default="/root/res")
     p.add_argument("--out", default=None, help="also copy the JSON files here (the device's $OUT)")
     p.add_argument("--device", default="cuda")

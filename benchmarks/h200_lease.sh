@@ -15,7 +15,8 @@
 #        distilled draft on the 20 held-out prompts; --phases llama_cpp,report (llama.cpp built in the
 #        background by a separate command of the first call: llama_cpp_peer.build into /root/w/peers);
 #     5. dfvg generate on one held-out prompt: plain, the distilled chain, its dynamic:16 tree;
-#     6. --phases hf_eager,hf_static,hf_assist,report --ks 4 (last: the part that may be cut short).
+#     6. --phases hf_eager,hf_static,hf_assist,report --ks 2,4,6,8: HF assisted at the k that is fastest on the
+#        first 3 prompts, quoted on the other 17 (last: the part that may be cut short).
 # The kernels part takes KERNEL_TESTS (test files beside test_gpu_fused.py and test_tree_device.py; default: the
 # graph and kernel tests; empty: none), ROWS_FLAGS (extra gpu_rows.py flags, e.g. --modes-only, or
 # "--sweep --sweep-rows 1,5,16") and BASELINE_DIR from the environment. BASELINE_DIR: an earlier revision's
@@ -67,6 +68,6 @@ python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "2,2,1
 python3 benchmarks/gpu_speed.py --phases llama_cpp,report "${common[@]}" 2>&1 | tee "$out/gpu_speed_llama.log"
 # shellcheck source=benchmarks/h200_generate.sh
 source benchmarks/h200_generate.sh
-python3 benchmarks/gpu_speed.py --phases hf_eager,hf_static,hf_assist,report --ks 4 "${common[@]}" 2>&1 \
+python3 benchmarks/gpu_speed.py --phases hf_eager,hf_static,hf_assist,report --ks 2,4,6,8 "${common[@]}" 2>&1 \
   | tee "$out/gpu_speed_hf.log"
 echo DONE

@@ -40,6 +40,31 @@ def test_report_ratios_and_goals(tmp_path):
     assert (tmp_path / "gpu_speed.json").is_file()
 
 
+def test_a_peer_quoted_on_held_out_prompts_is_compared_on_those_prompts(tmp_path):
+    """HF assisted with its k chosen on validation prompts is quoted on the rest (`prompt_indices`): its match
+    rate and every ratio against it use those prompts of the other rows, not all of them."""
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]]
+    plain = {**run(400.0, ref), "walls_s": [1.0, 1.0, 4.0]}
+    assist = {**run(5.0, [[5, 6, 0, 0], [9, 9, 9, 9]]), "walls_s": [1.0, 1.0], "prompt_indices": [1, 2]}
+    (tmp_path / "dfvg.json").write_text(json.dumps({"dfvg_plain": plain}))
+    (tmp_path / "hf.json").write_text(json.dumps({"hf_eager": run(20.0, ref), "hf_assist_k4": assist,
+                                                  "hf_assist_validation": {"prompt_indices": [0], "chosen_k": 4}}))
+    rows = {r["variant"]: r for r in report(tmp_path)["rows"]}
+    assert set(rows) == {"dfvg_plain", "hf_eager", "hf_assist_k4"}  # the choice is metadata, not a run
+    assert rows["hf_assist_k4"]["match_vs_hf"] == pytest.approx((0.5 + 1.0) / 2)
+    assert rows["dfvg_plain"]["x_hf_assist_best"] == pytest.approx((8 / 5.0) / 5.0)  # 8 tokens in 5 s
+
+
+def test_hf_assist_refuses_a_validation_that_leaves_no_held_out_prompt():
+    from argparse import Namespace
+
+    from benchmarks.gpu_phases import phase_hf_assist
+
+    args = Namespace(ks=[2, 4], hf_validation=3, max_new_tokens=8, device="cpu")
+    with pytest.raises(SystemExit, match="--hf-validation 3 must be >= 1 and leave held-out prompts"):
+        phase_hf_assist(args, {"prompts": [{"ids": [1]}] * 3})
+
+
 def test_tiny_benchmark_applies_the_sweeps_block_sizes_and_runs_every_kernel_choice(tmp_path):
     """gpu_speed.py end to end on the tiny CPU pair: --tuned lands in block_sizes.TUNED and in every phase file;
     the dfvg phase has a row per kernel choice and the FPGA phase its sync and overlap rows."""
