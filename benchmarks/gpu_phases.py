@@ -176,17 +176,21 @@ def hf_config(model, n: int):
 
 
 def hf_generate(model, assistant, k: int, n: int, device: str, **extra):
+    """A runner of HF generate(), assisted by `assistant` with k draft tokens when given. The assistant's own
+    generation config is shared by every runner made with it, so each run sets its k there when it runs (runners
+    of several k may exist at once: hf_assist chooses among them)."""
     cfg = hf_config(model, n)
     kwargs = dict(extra)
     if assistant is not None:
-        a = assistant.generation_config
-        a.num_assistant_tokens, a.num_assistant_tokens_schedule = k, "constant"
-        a.assistant_confidence_threshold = 0.0
         cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = k, "constant"
         kwargs["assistant_model"] = assistant
 
     @torch.inference_mode()
     def run(ids: list[int]):
+        if assistant is not None:
+            a = assistant.generation_config
+            a.num_assistant_tokens, a.num_assistant_tokens_schedule = k, "constant"
+            a.assistant_confidence_threshold = 0.0
         x = torch.tensor([ids], device=device)
         out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=cfg, **kwargs)
         return out[0, len(ids):].tolist(), None

@@ -65,6 +65,30 @@ def test_hf_assist_refuses_a_validation_that_leaves_no_held_out_prompt():
         phase_hf_assist(args, {"prompts": [{"ids": [1]}] * 3})
 
 
+def test_hf_assist_runners_of_several_k_each_draft_their_own_k():
+    """hf_assist makes a runner per k before timing any: the assistant's generation config, which they share,
+    must hold the k of the runner that is generating, not of the one made last."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from benchmarks.gpu_phases import hf_generate
+
+    seen = []
+
+    def generate(x, attention_mask, generation_config, assistant_model):
+        seen.append((generation_config.num_assistant_tokens, assistant_model.generation_config.num_assistant_tokens))
+        return torch.zeros(1, x.shape[1] + 2, dtype=torch.long)
+
+    model = SimpleNamespace(generation_config=SimpleNamespace(), generate=generate)
+    assistant = SimpleNamespace(generation_config=SimpleNamespace())
+    runners = {k: hf_generate(model, assistant, k, 2, "cpu") for k in (2, 8)}
+    runners[2]([1, 2, 3])
+    runners[8]([1, 2, 3])
+    runners[2]([1, 2, 3])
+    assert seen == [(2, 2), (8, 8), (2, 2)]
+
+
 def test_tiny_benchmark_applies_the_sweeps_block_sizes_and_runs_every_kernel_choice(tmp_path):
     """gpu_speed.py end to end on the tiny CPU pair: --tuned lands in block_sizes.TUNED and in every phase file;
     the dfvg phase has a row per kernel choice and the FPGA phase its sync and overlap rows."""
