@@ -284,3 +284,24 @@ def test_draft_block_compares_the_shipped_table_with_split_k_on_the_drafts_shape
         with pytest.raises(SystemExit) as exited:
             draft_block.main(["--out", "unused", *bad])
         assert exited.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
+    """gpu/compile_sm90.py compiles without a GPU: 16-row tiles take mma.sync and every launch of the target
+    reports its shared memory; a height that is not a power of two >= 16 is one line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dfvg.gpu.kernels import HAVE_TRITON
+
+    if not HAVE_TRITON:
+        pytest.skip("Triton is not installed")
+    tool = Path(__file__).resolve().parents[1] / "gpu" / "compile_sm90.py"
+    done = subprocess.run([sys.executable, str(tool), "16"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 5 and all("mma.sync" in line for line in lines)
+    assert all(float(line.split("shared")[1].split()[0]) > 0 for line in lines)
+    bad = subprocess.run([sys.executable, str(tool), "12"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.strip() == "error: a row-tile height is a power of two >= 16, got 12"
