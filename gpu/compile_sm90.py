@@ -58,7 +58,7 @@ def describe(height: int, shape: tuple[int, int]) -> str:
     ptx = kernel.asm["ptx"]
     instruction = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync"
     return (f"{height:3d} rows  {what:18s} {shape[0]:6d}x{shape[1]:<5d} {instruction:8s} "
-            f"cp.async {ptx.count('cp.async'):3d}  shared {kernel.metadata.shared / 1024:6.1f} KB")
+            f"cp.async {ptx.count('cp.async'):3d}  shared {kernel.metadata.shared / 1024:6.1f} KiB")
 
 
 def main(argv: list[str]) -> None:
