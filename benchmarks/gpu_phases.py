@@ -204,18 +204,23 @@ def phase_hf_eager(args, models) -> dict:
     return {"hf_eager": timed_runs("hf generate() eager", models["prompts"], run, args.device, warm=False)}
 
 
+def assist_split(args, count: int) -> tuple[list[int], list[int]]:
+    """(validation, held-out) prompt indices of hf_assist: none choose k when --ks has one; else the first
+    --hf-validation choose it, and at least one prompt must be left to quote it on (one line otherwise)."""
+    if len(ks(args)) == 1:
+        return [], list(range(count))
+    if not 1 <= args.hf_validation < count:
+        raise SystemExit(f"error: --hf-validation {args.hf_validation} must be >= 1 and leave held-out prompts "
+                         f"({count} prompts)")
+    return list(range(args.hf_validation)), list(range(args.hf_validation, count))
+
+
 def phase_hf_assist(args, models) -> dict:
     """HF assisted generation with the 0.5B draft at each k of --ks. With several, k is chosen on the first
     --hf-validation prompts and quoted on the rest, held out from the choice (as llama.cpp's draft length): the
     peer's best k without choosing it on the prompts it is quoted on."""
     prompts, out = models["prompts"], {}
-    if len(ks(args)) == 1:
-        valid, held = [], list(range(len(prompts)))
-    elif 1 <= args.hf_validation < len(prompts):
-        valid, held = list(range(args.hf_validation)), list(range(args.hf_validation, len(prompts)))
-    else:
-        raise SystemExit(f"error: --hf-validation {args.hf_validation} must be >= 1 and leave held-out prompts "
-                         f"({len(prompts)} prompts)")
+    valid, held = assist_split(args, len(prompts))
     runs = {}
     for k in ks(args):
         runs[k] = hf_generate(models["hf_target"], models["hf_draft"], k, args.max_new_tokens, args.device)

@@ -314,6 +314,10 @@ def main(argv=None) -> int:
     if "llama_cpp" in phases and (why := llama_cpp_peer.refusal(args)):
         print(why, file=sys.stderr)
         return 2
+    if "hf_assist" in phases and (args.tiny or Path(args.prompts_file).is_file()):
+        from benchmarks.gpu_phases import assist_split
+
+        assist_split(args, len(load_prompts(args)))  # before any model loads: a bad split is one line now
     models = None
     for phase in phases:
         if phase == "report":

@@ -63,6 +63,11 @@ def test_hf_assist_refuses_a_validation_that_leaves_no_held_out_prompt():
     args = Namespace(ks=[2, 4], hf_validation=3, max_new_tokens=8, device="cpu")
     with pytest.raises(SystemExit, match="--hf-validation 3 must be >= 1 and leave held-out prompts"):
         phase_hf_assist(args, {"prompts": [{"ids": [1]}] * 3})
+    from benchmarks.gpu_speed import main
+
+    with pytest.raises(SystemExit, match=r"--hf-validation 4 must be >= 1 and leave held-out prompts \(4 prompts\)"):
+        main(["--tiny", "--device", "cpu", "--phases", "hf_assist", "--prompts", "4", "--ks", "2,3",
+              "--hf-validation", "4", "--results", "unused"])  # refused before any model loads
 
 
 def test_hf_assist_runners_of_several_k_each_draft_their_own_k():
