@@ -210,8 +210,15 @@ def run_config(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; under torchrun every rank runs it and rank 0 alone prints (the others exit alike)."""
-    args = build_parser().parse_args(argv)
+    """Run one command; under torchrun every rank runs it and rank 0 alone prints (the others exit alike),
+    and each rank then ends at once (`group.leave_process`)."""
+    code = run_command(build_parser().parse_args(argv))
+    group.leave_process(code)
+    return code
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The command's exit status: 0, 2 after a one-line error, 130 when interrupted."""
     completed = False
     try:
         with torch.inference_mode():
