@@ -197,7 +197,7 @@ def load_engine(args: argparse.Namespace, device: torch.device, dtype: torch.dty
 
     def drafter_on(draft_device: str):
         options = fpga_options(args) if draft_device == "fpga" else {}
-        return make_drafter(args.draft, draft_device, dtype, verifier.vocab_size, fast, **options)
+        return make_drafter(args.draft, draft_device, dtype, verifier.vocab_size, fast, verifier, **options)
 
     drafter = drafter_on(args.draft_device or args.device)
     return Engine(verifier, policy, [drafter_on(d) for d in policy.fallback]), drafter

@@ -34,7 +34,9 @@ import torch
 from dfvg.checkpoint import load_model
 from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import Drafter, TorchDrafter
+from dfvg.errors import UserError
 from dfvg.fallback import FaultInjection, FaultPolicy, GuardedDrafter, Slot
+from dfvg.feature_head import FeatureDrafter, feature_drafter, is_feature_head
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
@@ -72,8 +74,9 @@ def load_verifier(target_dir: str | Path, device: torch.device, dtype: torch.dty
 
 
 def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_vocab_size: int,
-                 fast: bool = True, **fpga_options) -> Drafter:
+                 fast: bool = True, verifier: Verifier | None = None, **fpga_options) -> Drafter:
     """The drafter for a device name: `fpga` (bit-exact integer datapath, or a board) or a torch device.
+    A feature head's folder (dfvg.feature_head) gives a `FeatureDrafter` reading `verifier`'s features.
 
     Under tensor parallelism the ranks other than 0 load nothing and receive rank 0's drafts, and rank 0's draft
     runs eagerly: a graph capture on rank 0 alone would put its warm-up out of step with the other ranks."""
@@ -81,6 +84,8 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
     if tp is not None and not tp.leads:
         return ReceivedDrafts(tp)
     fast = fast and tp is None
+    if is_feature_head(draft_dir):
+        return feature_drafter(draft_dir, device, dtype, verifier)
     if device == "fpga":
         return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=target_vocab_size, **fpga_options)
     torch_device = resolve_device(device)
@@ -157,6 +162,9 @@ class Engine:
         token-tree speculation (`tree`, dfvg.tree_step)."""
         sampling = sampling or SamplingParams()
         k = k if drafter is not None else 0
+        if isinstance(drafter, FeatureDrafter) and (tree is not None or mode != "sync" or adaptive is not None):
+            raise UserError("a feature head drafts chains in the sync schedule only (it needs the features of "
+                            "the block just verified); drop the tree, the overlap schedule or the adaptive length")
         self._remember(drafter)
         shared = share_drafts(self.verifier, drafter)
         if shared is not drafter or isinstance(drafter, ReceivedDrafts):  # tensor parallel: rank 0 broadcasts
@@ -197,6 +205,8 @@ class Engine:
                      seed: int = 0, timeline: Timeline | None = None) -> list[GenerationResult]:
         """A batch (one target pass per step for all rows): the device step where it applies, else the host's."""
         sampling = sampling or SamplingParams()
+        if any(isinstance(d, FeatureDrafter) for d in drafters):
+            raise UserError("a feature head drafts one sequence at a time for now; run it with batch_size 1")
         shared = drafters[0] if all(d is drafters[0] for d in drafters) else None
         fits = sampling.greedy and all(fits_device_step(self.verifier, shared, len(p), k) for p in prompts)
         rows = self._device_rows(shared, k, len(prompts)) if fits and (shared is not None or drafters[0] is None) \

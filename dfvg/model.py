@@ -243,19 +243,25 @@ class Transformer(nn.Module):
         A token tree (dfvg.tree) passes its own cache `slots` [B, T] (nodes of one depth share a position
         but not a slot) and attention `mask` [B, 1, T, S]; by default slot = position, causal by position.
         """
-        x = self.embed(input_ids)
+        x = self.run_layers(self.embed(input_ids), input_pos, slots, mask)
+        if last_only:
+            x = x[:, -1:]
+        return self.logits(x)
+
+    def run_layers(self, x: Tensor, input_pos: Tensor, slots: Tensor | None = None,
+                   mask: Tensor | None = None) -> Tensor:
+        """The decoder layers on input vectors x [B, T, D] (`forward`'s embeddings, or a feature head's fused
+        inputs, dfvg.feature_head) -> the last layer's output [B, T, D], before the final norm."""
         dtype = x.dtype
         cos = self.rope_cos[input_pos].to(dtype).unsqueeze(2)  # [B, T, 1, hd]
         sin = self.rope_sin[input_pos].to(dtype).unsqueeze(2)
         if mask is None:
-            cache_slots = torch.arange(self.max_seq_len, device=input_ids.device)
+            cache_slots = torch.arange(self.max_seq_len, device=input_pos.device)
             mask = (cache_slots[None, None, :] <= input_pos[:, :, None]).unsqueeze(1)  # [B, 1, T, S]
         write_at = input_pos if slots is None else slots
         for layer in self.layers:
             x = layer(x, cos, sin, write_at, mask)
-        if last_only:
-            x = x[:, -1:]
-        return self.logits(x)
+        return x
 
     def embed(self, input_ids: Tensor) -> Tensor:
         """Token ids [...] -> embeddings [..., D]; shared with the CUDA-graph forward like `logits`."""

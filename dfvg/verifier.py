@@ -41,17 +41,34 @@ class TorchVerifier:
         self.model = model
         self.device = model.tok_embeddings.weight.device
         self.vocab_size = model.config.vocab_size
+        self.keep_features = False  # set by a feature-level drafter (dfvg.feature_head), which reads them
+        self.kept_features: tuple[int, Tensor] | None = None  # (first position, final-norm outputs [T, D])
 
+    @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
         """Allocate the cache and process all prompt tokens but the last."""
         self.model.setup_cache(1, max_seq_len)
-        if len(prompt_ids) > 1:
+        self.kept_features = None
+        if len(prompt_ids) > 1 and self.keep_features:
+            self._hidden(prompt_ids[:-1], 0)
+        elif len(prompt_ids) > 1:
             self.model.feed(prompt_ids[:-1], 0, last_only=True)
 
     @torch.inference_mode()
     def score(self, tokens: list[int], start_pos: int) -> Tensor:
         """Logits [len(tokens), V] of the token after each of `tokens`."""
-        return self.model.feed(tokens, start_pos)
+        if not self.keep_features:
+            return self.model.feed(tokens, start_pos)
+        return self.model.logits(self._hidden(tokens, start_pos))
+
+    def _hidden(self, tokens: list[int], start_pos: int) -> Tensor:
+        """The last layer's outputs [T, D] for tokens at start_pos..; keeps their final-norm values (the
+        features a feature head reads: what the LM head reads)."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        positions = torch.arange(start_pos, start_pos + len(tokens), device=self.device)[None]
+        hidden = self.model.run_layers(self.model.embed(ids), positions)[0]
+        self.kept_features = (start_pos, self.model.norm(hidden))
+        return hidden
 
     def verify(self, seq: list[int], block: DraftBlock, sampling: SamplingParams,
                rng: torch.Generator) -> tuple[int, int]:

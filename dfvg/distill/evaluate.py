@@ -63,11 +63,14 @@ def block_steps(matches: Tensor, k: int, max_new_tokens: int | None = None) -> l
 
 def acceptance_table(matches: list[Tensor], ks: list[int], max_new_tokens: int | None = None) -> dict[int, dict]:
     """For each k: acceptance rate, mean accepted length (bonus counted), per-position acceptance."""
-    table = {}
-    for k in ks:
-        steps = [s for m in matches for s in block_steps(m, k, max_new_tokens)]
-        table[k] = {"acceptance_rate": acceptance_rate(steps), "mean_accepted_length": mean_accepted_length(steps),
-                    "mean_accepted_length_counts_bonus": True, "num_verify_steps": len(steps),
-                    "per_position_acceptance": per_position_acceptance(steps),
-                    "token_match_rate": float(torch.cat(matches).float().mean()) if matches else 0.0}
+    table = steps_table({k: [s for m in matches for s in block_steps(m, k, max_new_tokens)] for k in ks})
+    for row in table.values():
+        row["token_match_rate"] = float(torch.cat(matches).float().mean()) if matches else 0.0
     return table
+
+
+def steps_table(steps: dict[int, list[StepRecord]]) -> dict[int, dict]:
+    """The canonical metrics of each k's steps (a feature head's come from dfvg.distill.feature)."""
+    return {k: {"acceptance_rate": acceptance_rate(s), "mean_accepted_length": mean_accepted_length(s),
+                "mean_accepted_length_counts_bonus": True, "num_verify_steps": len(s),
+                "per_position_acceptance": per_position_acceptance(s)} for k, s in steps.items()}

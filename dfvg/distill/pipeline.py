@@ -23,8 +23,9 @@ from safetensors import safe_open
 
 from dfvg.checkpoint import checkpoint_dir, config_from_dict, load_config, load_model, read_json, safetensors_files
 from dfvg.devices import resolve_device
-from dfvg.distill import data, evaluate, export, resume, sizing, teacher, train, vocab
+from dfvg.distill import data, evaluate, export, feature, resume, sizing, teacher, train, vocab
 from dfvg.errors import UserError
+from dfvg.feature_head import FeatureHead, save_head_parts
 from dfvg.sampling import SamplingParams
 from dfvg.stats import Metric
 from dfvg.tokenizer import eos_token_ids, load_tokenizer
@@ -71,6 +72,7 @@ class DistillOptions:
     stop_after: int = 0  # steps this run may take, then checkpoint and stop (0 = all)
     time_budget: float = 0.0  # seconds of training this run may take, then checkpoint and stop (0 = no limit)
     resume: str = ""
+    feature_head: bool = False  # an EAGLE-style head reading the target's features (dfvg.feature_head)
 
     def check(self) -> None:
         if self.vocab_top < 0 or self.teacher_top_k < 1 or self.max_new_tokens < 2 or self.max_prompt_tokens < 1:
@@ -156,7 +158,8 @@ def target_end_tensors(target_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def build(opts: DistillOptions, train_seqs, target_raw: dict):
-    """The untrained draft (seeded; PCA-initialised ends unless --init random), its config and head ids."""
+    """The untrained draft (seeded; PCA-initialised ends unless --init random), its config, head ids, token
+    counts, shape and the PCA basis (None with --init random)."""
     target_cfg = load_config(opts.target)
     shape = opts.shape()
     counts = vocab.count_tokens(s.continuation for s in train_seqs)
@@ -167,9 +170,8 @@ def build(opts: DistillOptions, train_seqs, target_raw: dict):
     ends = target_end_tensors(opts.target) if shape.embed_rows or opts.init == "target-pca" else None
     rows = vocab.token_rows(ends[0], head_ids, resolve_device(opts.device)) if shape.embed_rows else None
     model = train.build_draft(config_from_dict(hf_config), head_ids, opts.seed, rows)
-    if opts.init == "target-pca":
-        train.init_from_target(model, *ends)
-    return model, hf_config, head_ids, counts, shape
+    basis = train.init_from_target(model, *ends) if opts.init == "target-pca" else None
+    return model, hf_config, head_ids, counts, shape, basis
 
 
 def sizing_report(cfg, opts: DistillOptions, log) -> dict:
@@ -200,9 +202,28 @@ def teacher_data(opts: DistillOptions, train_prompts: list[data.Prompt], val_pro
     return train_seqs, val_seqs, test_seqs
 
 
-def acceptance(model, seqs: list[teacher.TeacherSequence], opts: DistillOptions) -> dict[int, dict]:
-    """The draft's greedy acceptance table over `seqs` at every --eval-k (evaluate.py's exact shortcut)."""
+def acceptance(model, seqs: list[teacher.TeacherSequence], opts: DistillOptions, target=None) -> dict[int, dict]:
+    """The draft's greedy acceptance table over `seqs` at every --eval-k (evaluate.py's exact shortcut; a
+    feature head's steps are replayed with the target's features, dfvg.distill.feature)."""
+    if isinstance(model, FeatureHead):
+        return feature.feature_acceptance(model, target, seqs, list(opts.eval_ks), opts.max_new_tokens)
     return evaluate.acceptance_table(evaluate.greedy_matches(model, seqs), list(opts.eval_ks), opts.max_new_tokens)
+
+
+def as_feature_head(opts: DistillOptions, body, basis, in_head, device) -> tuple[FeatureHead, object, train.BatchLoss]:
+    """--feature-head: the body wrapped in a `FeatureHead`, the frozen target that gives its features (in the
+    teacher's dtype), and the loss that reads them."""
+    target = load_model(opts.target, dtype=getattr(torch, teacher_dtype(opts)), device=device)
+    head = FeatureHead(body, target.config.hidden_size)
+    feature.init_projections(head, basis, opts.seed)
+    return head, target, feature.feature_loss(target, in_head)
+
+
+def feature_head_report(head: FeatureHead) -> dict:
+    """What a feature head adds to its body: parameters, and the bytes of features sent per committed token."""
+    return {"target_hidden_size": head.target_hidden_size,
+            "projection_parameters": head.fuse.weight.numel() + head.predict.weight.numel(),
+            "feature_bytes_per_token_bf16": 2 * head.target_hidden_size}
 
 
 def run(opts: DistillOptions, log=print) -> dict:
@@ -220,30 +241,38 @@ def run(opts: DistillOptions, log=print) -> dict:
     log(f"data: {len(train_prompts)} train / {len(val_prompts)} validation / {len(test_prompts)} test prompts, "
         f"{sum(p.samples for p in train_prompts)} training continuations")
     train_seqs, val_seqs, test_seqs = teacher_data(opts, train_prompts, val_prompts, test_prompts, log)
-    model, hf_config, head_ids, counts, shape = build(opts, train_seqs, target_raw)
-    in_head = vocab.in_head_mask(head_ids, model.config.vocab_size, device)
+    body, hf_config, head_ids, counts, shape, basis = build(opts, train_seqs, target_raw)
+    in_head = vocab.in_head_mask(head_ids, body.config.vocab_size, device)
+    model, target, loss = body, None, None
+    if opts.feature_head:
+        model, target, loss = as_feature_head(opts, body, basis, in_head, device)
     model.to(device)
-    before = acceptance(model, val_seqs, opts)
+    before = acceptance(model, val_seqs, opts, target)
     params = train.TrainParams(opts.steps, opts.batch_size, opts.lr, warmup=max(1, opts.steps // 20), seed=opts.seed)
-    state = train.train(model, train_seqs, params, in_head, device, log, ckpt=opts.checkpointing())
+    state = train.train(model, train_seqs, params, in_head, device, log, ckpt=opts.checkpointing(), loss=loss)
     splits = {"train_prompts": [p.key for p in train_prompts], "validation_prompts": [p.key for p in val_prompts],
               "test_prompts": [p.key for p in test_prompts]}
     if state.step < opts.steps:
         log(f"stopped at step {state.step}/{opts.steps}: continue with --resume {opts.checkpointing().directory}")
         return {"finished": False, "step": state.step, "checkpoint": str(opts.checkpointing().directory),
                 "losses": state.losses, **splits}
-    after, test = acceptance(model, val_seqs, opts), acceptance(model, test_seqs, opts)
+    after, test = acceptance(model, val_seqs, opts, target), acceptance(model, test_seqs, opts, target)
+    how = "replayed with the target's features" if opts.feature_head else "teacher-forced exact"
     for k in opts.eval_ks:
-        log(f"eval (measured, greedy, teacher-forced exact): k={k} validation acceptance "
+        log(f"eval (measured, greedy, {how}): k={k} validation acceptance "
             f"{before[k]['acceptance_rate']:.3f} -> {after[k]['acceptance_rate']:.3f}, tau "
             f"{after[k]['mean_accepted_length']:.2f}; test (reported only) {test[k]['acceptance_rate']:.3f}")
     summary = {"finished": True, "options": asdict(opts), "shape": export.shape_dict(shape), **splits,
                "losses": state.losses, "acceptance_before": before, "acceptance_after": after,
                "acceptance_test": test,
                "head_coverage_of_train_tokens": vocab.coverage(counts, head_ids) if head_ids is not None else 1.0,
-               "sizing": sizing_report(model.config, opts, log)}
+               "sizing": sizing_report(body.config, opts, log)}
+    if opts.feature_head:
+        summary["feature_head"] = feature_head_report(model)
     output = Path(opts.output)
-    export.save_draft(model.cpu(), output, hf_config, target_dir, summary, getattr(torch, opts.save_dtype))
+    export.save_draft(body.cpu(), output, hf_config, target_dir, summary, getattr(torch, opts.save_dtype))
+    if opts.feature_head:
+        save_head_parts(model, output, getattr(torch, opts.save_dtype))
     if head_ids is not None:
         vocab.save_vocab(output, head_ids, counts, f"continuations of {len(train_prompts)} training prompts")
     return summary

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -70,9 +71,10 @@ def build_draft(cfg: ModelConfig, head_ids: Tensor | None, seed: int, rows: Tens
 
 
 @torch.no_grad()
-def init_from_target(model: Transformer, embed: Tensor, head: Tensor) -> None:
+def init_from_target(model: Transformer, embed: Tensor, head: Tensor) -> Tensor:
     """Start the draft's embedding and head as the target's [V, Dt] tensors projected on their shared top-D
-    principal directions (the draft then begins with the target's token geometry, not noise).
+    principal directions (the draft then begins with the target's token geometry, not noise); returns
+    that basis [Dt, D] (a feature head starts its projections from it).
 
     Rows are rescaled to the target's per-element RMS; the head (and, with `embed_rows`, the embedding)
     keeps only the rows of the head's ids.
@@ -89,6 +91,7 @@ def init_from_target(model: Transformer, embed: Tensor, head: Tensor) -> None:
     for tensor, source in ((model.tok_embeddings.weight, embed_rows.float()), (model.output.weight, head_rows.float())):
         projected = source @ basis
         tensor.copy_(projected * (source.pow(2).mean().sqrt() / projected.pow(2).mean().sqrt().clamp_min(1e-12)))
+    return basis
 
 
 def distill_loss(logits: Tensor, topk_ids: Tensor, topk_probs: Tensor, in_head: Tensor) -> Tensor:
@@ -143,11 +146,23 @@ def lr_at(step: int, params: TrainParams) -> float:
     return params.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def train(model: Transformer, data: list[TeacherSequence], params: TrainParams, in_head: Tensor,
+BatchLoss = Callable[..., Tensor]  # (model, ids, positions, mask, topk_ids, topk_probs) -> scalar loss
+
+
+def token_loss(in_head: Tensor) -> BatchLoss:
+    """A standalone draft's loss on a teacher-forced batch (`distill_loss` on the continuation positions)."""
+    def loss(model: Transformer, ids: Tensor, positions: Tensor, mask: Tensor, topk_ids: Tensor,
+             topk_probs: Tensor) -> Tensor:
+        return distill_loss(teacher_forced_logits(model, ids, positions)[mask], topk_ids, topk_probs, in_head)
+    return loss
+
+
+def train(model: torch.nn.Module, data: list[TeacherSequence], params: TrainParams, in_head: Tensor,
           device: torch.device, log=print, log_every: int = 10,
-          ckpt: resume.Checkpointing | None = None) -> resume.TrainState:
+          ckpt: resume.Checkpointing | None = None, loss: BatchLoss | None = None) -> resume.TrainState:
     """Seeded AdamW over shuffled epochs of `data`, from `ckpt.resume` when given; returns the state
-    (the loss of every step so far; `step < params.steps` when this run stopped early to be resumed)."""
+    (the loss of every step so far; `step < params.steps` when this run stopped early to be resumed).
+    `loss`: the batch loss (default: `token_loss`; a feature head brings its own, dfvg.distill.feature)."""
     params.check()
     ckpt = ckpt or resume.Checkpointing()
     ckpt.check()
@@ -165,7 +180,8 @@ def train(model: Transformer, data: list[TeacherSequence], params: TrainParams, 
         state = resume.load(ckpt.resume, model, optimizer, generator, run)
         log(f"train: resumed at step {state.step}/{params.steps} from {ckpt.resume}")
     with tf32_matmuls(True):  # speed; scoped, so float32 decoding after training stays exact
-        _steps(model, data, params, in_head, device, optimizer, generator, state, ckpt, run, log, log_every)
+        _steps(model, data, params, loss or token_loss(in_head), device, optimizer, generator, state, ckpt, run,
+               log, log_every)
     if ckpt.directory is not None:
         resume.save(ckpt, model, optimizer, generator, state, run)
         log(f"train: checkpoint at step {state.step}/{params.steps} in {ckpt.directory}")
@@ -183,7 +199,7 @@ def _out_of_time(ckpt: resume.Checkpointing, state: resume.TrainState, first: in
     return bool(ckpt.time_budget_s) and taken > 0 and time.perf_counter() - started + slowest > ckpt.time_budget_s
 
 
-def _steps(model: Transformer, data: list[TeacherSequence], params: TrainParams, in_head: Tensor,
+def _steps(model: torch.nn.Module, data: list[TeacherSequence], params: TrainParams, batch_loss: BatchLoss,
            device: torch.device, optimizer, generator: torch.Generator, state: resume.TrainState,
            ckpt: resume.Checkpointing, run: dict, log, log_every: int) -> None:
     """Steps from state.step up to params.steps or this run's limit, updating `state` in place."""
@@ -196,7 +212,7 @@ def _steps(model: Transformer, data: list[TeacherSequence], params: TrainParams,
         ids, positions, mask, topk_ids, topk_probs = make_batch(batch, device)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, params)
-        loss = distill_loss(teacher_forced_logits(model, ids, positions)[mask], topk_ids, topk_probs, in_head)
+        loss = batch_loss(model, ids, positions, mask, topk_ids, topk_probs)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), params.grad_clip)

@@ -104,7 +104,7 @@ def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
     dtype = resolve_dtype(cfg.dtype if cfg.dtype != "auto" else
                           ("bfloat16" if device.type == "cuda" else "float32"))
     verifier = load_verifier(cfg.target_model, device, dtype, fast=not cfg.eager, tensor_parallel=tensor_parallel)
-    fallbacks = [make_drafter(cfg.draft_model, d, dtype, verifier.vocab_size, fast=not cfg.eager,
+    fallbacks = [make_drafter(cfg.draft_model, d, dtype, verifier.vocab_size, fast=not cfg.eager, verifier=verifier,
                               **(fpga_options(devices) if d == "fpga" else {}))
                  for d in devices.faults.fallback] if cfg.uses_draft else []
     engine = Engine(verifier, devices.faults, fallbacks)
@@ -113,12 +113,12 @@ def build_context(cfg: ExperimentConfig, nvml: Nvml) -> Context:
                   draft_device if draft_device != "fpga" else verify_device, verify_device, devices)
     if any(p.drafter == "torch" for p in plans(cfg)):
         ctx.torch_drafter = make_drafter(cfg.draft_model, ctx.draft_device, dtype, engine.verifier.vocab_size,
-                                         fast=not cfg.eager)
+                                         fast=not cfg.eager, verifier=engine.verifier)
     if "speculative" in cfg.variants:
         for name, path in cfg.extra_drafts.items():
             check_compatible(tokenizer, load_tokenizer(path), path)
             ctx.extra_drafters[name] = make_drafter(path, ctx.draft_device, dtype, engine.verifier.vocab_size,
-                                                    fast=not cfg.eager)
+                                                    fast=not cfg.eager, verifier=engine.verifier)
     if cfg.draft_model is not None:
         load_fpga(cfg, ctx, dtype, fpga_options(devices))
     ctx.dtype = dtype

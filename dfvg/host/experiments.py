@@ -198,7 +198,7 @@ def batch_drafter_factory(plan: Plan, ctx: Context) -> Callable[[], Any] | None:
     options = fpga_options(ctx.devices) if plan.drafter == "fpga" else {}
     path = ctx.cfg.extra_drafts[plan.draft] if plan.draft else ctx.cfg.draft_model
     fresh = lambda: make_drafter(path, device, ctx.dtype, ctx.engine.verifier.vocab_size, fast=False,  # noqa: E731
-                                 **options)
+                                 verifier=ctx.engine.verifier, **options)
     single = drafter_of(plan, ctx)
     if not isinstance(single, GraphDrafter):
         return fresh

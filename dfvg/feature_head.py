@@ -1,0 +1,192 @@
+"""A feature-level draft head (EAGLE-style, FPGA-sized): it drafts from the target's own last hidden states.
+
+Why: a standalone small draft guesses the target's next token from tokens alone. The target's final hidden
+state at a position already holds its next-token distribution, so a head that reads it needs far less
+capacity for the same acceptance (EAGLE, Li et al. 2024). DFVG keeps the head at FPGA size: a small qwen2
+body of `d` wide layers with its own LM head over a token subset (the distilled draft's recipe,
+docs/distill.md), plus two projections to and from the target's width H.
+
+The feature f_p is the target's final-norm output at position p: what its LM head reads to predict token
+p + 1. At position p the head reads [f_{p-1}, embed(token_p)] (f_{-1} = 0), fuses them to d wide
+(`fuse`, H + d -> d), runs its decoder layers to h_p, and gives logits for token p + 1 (its norm and
+head) and f^_p = `predict`(h_p), its guess of f_p. Inside a block the target has not seen the drafts
+yet, so from the second draft on the head reads its own f^ in place of f.
+
+Folder: the body is an ordinary draft checkpoint (config.json, model.safetensors, tokenizer files); the
+head adds `feature_head.json` ({"format": 1, "target_hidden_size": H}) and `feature_head.safetensors`
+(`fuse.weight` [d, H + d], `predict.weight` [H, d]). `is_feature_head` tells the two kinds apart.
+
+`FeatureDrafter` is its `Drafter`: it reads the features of every committed position from the verifier
+(`TorchVerifier.keep_features`), which the host step verifies with before it calls `rollback`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from dfvg.checkpoint import checkpoint_dir, load_model, read_json
+from dfvg.devices import resolve_device, synchronize
+from dfvg.drafter import DraftBlock, fit_vocab
+from dfvg.errors import UserError
+from dfvg.model import Transformer
+from dfvg.sampling import SamplingParams, processed_probs, sample_from
+
+HEAD_FILE, WEIGHTS_FILE, FORMAT = "feature_head.json", "feature_head.safetensors", 1
+
+
+class FeatureHead(nn.Module):
+    """The body (a draft `Transformer`) plus `fuse` and `predict`; see the module docstring for the shapes."""
+
+    def __init__(self, body: Transformer, target_hidden_size: int):
+        super().__init__()
+        d = body.config.hidden_size
+        self.body, self.target_hidden_size = body, target_hidden_size
+        self.fuse = nn.Linear(target_hidden_size + d, d, bias=False)
+        self.predict = nn.Linear(d, target_hidden_size, bias=False)
+
+    def forward(self, ids: Tensor, positions: Tensor, features: Tensor) -> tuple[Tensor, Tensor]:
+        """ids, positions [B, T], features [B, T, H] (f_{p-1} for each position p) -> float32 logits [B, T, V]
+        and the predicted features f^ [B, T, H] (in the features' dtype)."""
+        x = self.fuse(torch.cat([features.to(self.fuse.weight.dtype), self.body.embed(ids)], dim=-1))
+        hidden = self.body.run_layers(x, positions)
+        return self.body.logits(hidden), self.predict(hidden)
+
+
+def is_feature_head(path: str | Path) -> bool:
+    return (Path(path) / HEAD_FILE).is_file()
+
+
+def load_feature_head(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                      target_hidden_size: int | None = None) -> FeatureHead:
+    """A ready-to-run head from its folder, in eval mode; `target_hidden_size` (the target's) is checked."""
+    directory = checkpoint_dir(path)
+    meta = read_json(directory / HEAD_FILE, HEAD_FILE)
+    if meta.get("format") != FORMAT or not isinstance(meta.get("target_hidden_size"), int):
+        raise UserError(f"{directory / HEAD_FILE} is not a DFVG feature head of format {FORMAT} "
+                        f"(it needs \"format\": {FORMAT} and an integer \"target_hidden_size\"); export it again")
+    if target_hidden_size is not None and meta["target_hidden_size"] != target_hidden_size:
+        raise UserError(f"the feature head {directory} reads features {meta['target_hidden_size']} wide, but the "
+                        f"target's hidden size is {target_hidden_size}; pair it with the target it was trained on")
+    head = FeatureHead(load_model(directory, dtype=dtype), meta["target_hidden_size"])
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise UserError(f"{weights} is missing; copy the feature head's folder again in full")
+    with safe_open(str(weights), framework="pt") as handle:
+        state = {name: handle.get_tensor(name).to(dtype) for name in handle.keys()}
+    for name, module in (("fuse.weight", head.fuse), ("predict.weight", head.predict)):
+        if name not in state or state[name].shape != module.weight.shape:
+            found = tuple(state[name].shape) if name in state else "nothing"
+            raise UserError(f"{weights}: {name} should be {tuple(module.weight.shape)}, found {found}; "
+                            "export the feature head again")
+        module.weight = nn.Parameter(state[name], requires_grad=False)
+    return head.to(device).eval().requires_grad_(False)
+
+
+def feature_drafter(path: str | Path, device: str, dtype: torch.dtype, verifier) -> FeatureDrafter:
+    """The drafter of a feature head's folder on a torch device, reading `verifier`'s features."""
+    if device == "fpga":
+        raise UserError(f"{path} is a feature head, which the FPGA datapath does not implement yet; draft it on "
+                        "a torch device (--draft-device cpu or cuda; in a config, drop the fpga variants)")
+    if verifier is None:
+        raise UserError(f"{path} is a feature head: it needs the target it reads features from")
+    head = load_feature_head(path, dtype, resolve_device(device), verifier.model.config.hidden_size)
+    return FeatureDrafter(head, verifier, verifier.vocab_size)
+
+
+def save_head_parts(head: FeatureHead, directory: Path, dtype: torch.dtype = torch.float32) -> None:
+    """Write what a feature head adds to its body's folder (the body is saved as any draft is)."""
+    tensors = {"fuse.weight": head.fuse.weight, "predict.weight": head.predict.weight}
+    save_file({n: t.detach().to(dtype).cpu().contiguous() for n, t in tensors.items()}, str(directory / WEIGHTS_FILE),
+              metadata={"format": "pt"})
+    (directory / HEAD_FILE).write_text(json.dumps({"format": FORMAT, "target_hidden_size": head.target_hidden_size}))
+
+
+class FeatureDrafter:
+    """A `FeatureHead` drafting on a torch device from the features its verifier keeps.
+
+    Positions below `true_len` were fed with the target's features; positions fed with predicted ones
+    (inside a block) are never kept past the step: `rollback` cuts the cache back to `true_len`, and the
+    next `propose` feeds the accepted positions again with the features the verify just computed."""
+
+    def __init__(self, head: FeatureHead, verifier, target_vocab_size: int | None = None):
+        if not hasattr(verifier, "keep_features"):
+            raise UserError(f"a feature head reads the target's hidden states, which {type(verifier).__name__} "
+                            "does not give; run the target eagerly (--eager), on one process")
+        self.head, self.verifier = head, verifier
+        verifier.keep_features = True
+        self.device = head.fuse.weight.device
+        self.vocab_size = target_vocab_size or head.body.config.vocab_size
+        self.features: Tensor | None = None  # [max_seq_len, H]: the target's f_p by position p
+        self.known = 0  # f_p is known for p < known
+        self.cached_len = 0
+        self.true_len = 0
+
+    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
+        self.head.body.setup_cache(1, max_seq_len)
+        self.features = torch.zeros(max_seq_len, self.head.target_hidden_size, device=self.device,
+                                    dtype=self.head.fuse.weight.dtype)
+        self.known = self.cached_len = self.true_len = 0
+        self._take_features(len(prompt_ids) - 1)
+        if len(prompt_ids) > 1:
+            with torch.inference_mode():
+                self._feed(prompt_ids[:-1], 0, self._true_features(0, len(prompt_ids) - 1))
+            self.cached_len = self.true_len = len(prompt_ids) - 1
+
+    def rollback(self, num_valid: int) -> None:
+        self._take_features(num_valid)
+        self.cached_len = self.true_len = min(self.true_len, num_valid)
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> DraftBlock:
+        start = time.perf_counter()
+        fed_from = min(self.true_len, len(context) - 1)  # always feed at least the last token
+        if self.known < len(context) - 1:
+            raise RuntimeError(f"feature head: the target's features stop at position {self.known}, "
+                               f"but drafting after {len(context)} tokens needs them up to {len(context) - 2}")
+        logits, predicted = self._feed(context[fed_from:], fed_from, self._true_features(fed_from, len(context)))
+        self.cached_len = self.true_len = len(context)
+        tokens, probs = [], []
+        for i in range(k):
+            dist = processed_probs(logits, sampling)  # [V]
+            uniform = torch.zeros(()) if sampling.greedy else torch.rand((), generator=generator)
+            tokens.append(int(sample_from(dist, uniform)))
+            probs.append(dist)
+            if i < k - 1:
+                logits, predicted = self._feed(tokens[-1:], self.cached_len, predicted[None])
+                self.cached_len += 1
+        synchronize(self.device)
+        block_probs = None if sampling.greedy or not probs else torch.stack(probs)
+        return DraftBlock(tokens, block_probs, time.perf_counter() - start)
+
+    def _true_features(self, start: int, end: int) -> Tensor:
+        """f_{p-1} for positions start..end-1 (zeros before position 0)."""
+        rows = self.features[max(start - 1, 0): end - 1]
+        return torch.cat([rows.new_zeros(1, rows.shape[1]), rows]) if start == 0 else rows
+
+    def _feed(self, tokens: list[int], start_pos: int, features: Tensor) -> tuple[Tensor, Tensor]:
+        """Feed tokens at start_pos.. with their features [T, H]: (logits [V] after the last, its f^ [H])."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        positions = torch.arange(start_pos, start_pos + len(tokens), device=self.device)[None]
+        logits, predicted = self.head(ids, positions, features[None])
+        return fit_vocab(logits[0, -1], self.vocab_size), predicted[0, -1]
+
+    def _take_features(self, num_valid: int) -> None:
+        """Copy the verifier's features of its last pass for positions below num_valid (those are committed)."""
+        kept = self.verifier.kept_features
+        if kept is None or num_valid <= self.known:
+            return
+        start, rows = kept
+        if start > self.known:
+            raise RuntimeError(f"feature head: the verifier's features start at position {start}, but the head "
+                               f"knows them only up to {self.known}")
+        end = min(num_valid, start + rows.shape[0])
+        self.features[self.known: end] = rows[self.known - start: end - start].to(self.features.dtype)
+        self.known = end

@@ -1,0 +1,144 @@
+"""The feature-level draft head (dfvg/feature_head.py, dfvg/distill/feature.py) on tiny checkpoints, on CPU.
+
+- a distilled head (scripts' pipeline with --feature-head) learns: loss falls, validation acceptance rises
+  well above the untrained head's;
+- decoding with it is lossless (greedy equals plain; sampled runs equal plain's distribution is
+  `accept_block`'s, checked elsewhere: here a sampled run must at least use the drafts' probabilities);
+- the replay of its greedy steps (`feature_steps`) equals what `dfvg.generate` does with the real drafter,
+  step for step, and a head that ignores the features replays differently;
+- its folder round-trips; bad folders and unsupported schedules are refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dfvg.checkpoint import load_model
+from dfvg.distill import feature, teacher
+from dfvg.distill.pipeline import run
+from dfvg.engine import Engine, make_drafter
+from dfvg.errors import UserError
+from dfvg.feature_head import FeatureDrafter, is_feature_head, load_feature_head
+from dfvg.generate import generate
+from dfvg.sampling import SamplingParams
+from dfvg.tree import TreeSpec
+from dfvg.verifier import TorchVerifier
+from tests.conftest import EOS_ID
+from tests.test_distill import VOCAB, options
+from tests.test_distill import setup as setup  # noqa: F401  (the tiny peaked target and its prompts)
+
+PROMPTS = ([5, 17, 99], [150, 3, 42, 42, 7, 60], [9])
+
+
+@pytest.fixture(scope="module")
+def head_dir(setup):  # noqa: F811
+    summary = run(options(setup, "feature-head", feature_head=True, steps=100), log=lambda line: None)
+    return setup / "feature-head", summary
+
+
+def drafter_for(head_dir, setup, verifier=None):  # noqa: F811
+    verifier = verifier or TorchVerifier(load_model(setup / "target"))
+    return verifier, make_drafter(head_dir, "cpu", torch.float32, VOCAB, fast=False, verifier=verifier)
+
+
+def test_feature_head_learns(head_dir):
+    path, summary = head_dir
+    losses = summary["losses"]
+    assert sum(losses[-10:]) / 10 < 0.7 * sum(losses[:10]) / 10
+    before, after = summary["acceptance_before"][4], summary["acceptance_after"][4]
+    assert after["acceptance_rate"] > 0.15 and after["acceptance_rate"] > 3 * before["acceptance_rate"]
+    assert summary["feature_head"]["target_hidden_size"] == 64
+    assert is_feature_head(path) and json.loads((path / "distill_recipe.json").read_text())["options"]["feature_head"]
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_decoding_with_the_head_equals_plain(head_dir, setup, k):  # noqa: F811
+    verifier, drafter = drafter_for(head_dir[0], setup)
+    assert isinstance(drafter, FeatureDrafter)
+    accepted = 0
+    for prompt in PROMPTS:
+        plain = generate(TorchVerifier(load_model(setup / "target")), prompt, 30, eos_ids=[EOS_ID])
+        spec = generate(verifier, prompt, 30, eos_ids=[EOS_ID], drafter=drafter, draft_length=k)
+        assert spec.tokens == plain.tokens
+        accepted += spec.stats()["num_accepted_tokens"]
+    assert accepted > 0
+
+
+def test_sampled_blocks_carry_the_heads_distributions(head_dir, setup):  # noqa: F811
+    verifier, drafter = drafter_for(head_dir[0], setup)
+    sampling = SamplingParams(temperature=0.8)
+    verifier.prefill(list(PROMPTS[1]), 64)
+    drafter.prefill(list(PROMPTS[1]), 64)
+    block = drafter.propose(list(PROMPTS[1]), 3, sampling, torch.Generator().manual_seed(0))
+    assert block.probs.shape == (3, VOCAB)
+    torch.testing.assert_close(block.probs.sum(-1), torch.ones(3))
+    assert all(float(block.probs[i, t]) > 0 for i, t in enumerate(block.tokens))
+    result = generate(verifier, list(PROMPTS[1]), 20, drafter=drafter, draft_length=3, sampling=sampling, seed=1)
+    assert len(result.tokens) == 20
+
+
+def test_replayed_steps_equal_real_speculative_steps(head_dir, setup):  # noqa: F811
+    head = load_feature_head(head_dir[0])
+    target = load_model(setup / "target")
+    seqs = teacher.generate_all(target, list(PROMPTS), 20, set(), 8, SamplingParams(), 0, 3, log=lambda line: None)
+    verifier, drafter = drafter_for(head_dir[0], setup)
+    blind = load_feature_head(head_dir[0])
+    blind.fuse.weight[:, : blind.target_hidden_size] = 0  # the same head, deaf to the features
+    differs = False
+    for prompt, seq in zip(PROMPTS, seqs, strict=True):
+        ids, positions, _, _, _ = feature.make_batch([seq], torch.device("cpu"))
+        features = feature.target_features(target, ids, positions)[0]
+        for k in (2, 4):
+            real = generate(verifier, list(prompt), 20, drafter=drafter, draft_length=k).steps
+            replayed = feature.feature_steps(head, features, seq, k, 20)
+            assert [(s.num_drafted, s.num_accepted) for s in real] == \
+                [(s.num_drafted, s.num_accepted) for s in replayed]
+            deaf = feature.feature_steps(blind, features, seq, k, 20)
+            differs |= [s.num_accepted for s in deaf] != [s.num_accepted for s in replayed]
+    assert differs  # the replay reads the features (a mutation that drops them is caught)
+
+
+def test_the_cli_drafts_with_a_feature_head(head_dir, setup):  # noqa: F811
+    args = [sys.executable, "-m", "dfvg", "generate", "--target", str(setup / "target"), "--prompt-ids", "5,17,99",
+            "--max-new-tokens", "16", "--json", "--device", "cpu"]
+    plain = subprocess.run(args + ["--no-draft"], capture_output=True, text=True, timeout=300)
+    spec = subprocess.run(args + ["--draft", str(head_dir[0]), "--draft-length", "3"], capture_output=True,
+                          text=True, timeout=300)
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert json.loads(spec.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
+    assert json.loads(spec.stdout)["stats"]["num_accepted_tokens"] > 0
+    fpga = subprocess.run(args + ["--draft", str(head_dir[0]), "--draft-device", "fpga"], capture_output=True,
+                          text=True, timeout=300)
+    assert fpga.returncode == 2 and fpga.stderr.count("\n") == 1 and "feature head" in fpga.stderr
+
+
+def test_unsupported_schedules_and_bad_folders_are_refused(head_dir, setup, tmp_path):  # noqa: F811
+    verifier, drafter = drafter_for(head_dir[0], setup)
+    engine = Engine(verifier)
+    for kwargs in ({"tree": TreeSpec((2, 1))}, {"mode": "overlap"}):
+        with pytest.raises(UserError, match="feature head drafts chains in the sync schedule"):
+            engine.decode(drafter, list(PROMPTS[0]), 8, k=2, **kwargs)
+    with pytest.raises(UserError, match="one sequence at a time"):
+        engine.decode_batch([drafter, drafter], [list(PROMPTS[0])] * 2, 8, k=2)
+
+    class NoFeatures:  # a verifier that cannot give features (the CUDA-graph one, tensor parallel)
+        model, vocab_size = verifier.model, VOCAB
+    with pytest.raises(UserError, match="--eager"):
+        make_drafter(head_dir[0], "cpu", torch.float32, VOCAB, fast=False, verifier=NoFeatures())
+    with pytest.raises(UserError, match="features 64 wide, but the target's hidden size is 32"):
+        load_feature_head(head_dir[0], target_hidden_size=32)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for item in head_dir[0].iterdir():
+        if item.name != "feature_head.safetensors":
+            (broken / item.name).write_bytes(item.read_bytes())
+    with pytest.raises(UserError, match="feature_head.safetensors is missing"):
+        load_feature_head(broken)
+    (broken / "feature_head.json").write_text('{"format": 9}')
+    with pytest.raises(UserError, match="not a DFVG feature head of format 1"):
+        load_feature_head(broken)
