@@ -76,6 +76,10 @@ stage_train() {  # resumable: run it again in the next lease until the log's las
 }
 
 stage_eval() {
+    if [ "$FEATURE_HEAD" = 1 ]; then  # distill_eval.py runs standalone drafts (it refuses a head's folder)
+        echo "eval: feature heads are measured by train (the log's last lines: validation and test, replayed)"
+        return
+    fi
     local drafts=()
     for shape in $SHAPES; do drafts+=("$RESULTS/$(name_of "$shape")"); done
     python benchmarks/distill_eval.py --target "$TARGET" --baseline-draft "${BASELINE_DRAFT-}" --distilled "${drafts[@]}" \

@@ -279,9 +279,19 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:
-    """A ready-to-run Transformer from a checkpoint directory, in eval mode on `device`."""
+FEATURE_HEAD_FILE = "feature_head.json"  # marks a feature head's folder (dfvg.feature_head)
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               feature_head_body: bool = False) -> Transformer:
+    """A ready-to-run Transformer from a checkpoint directory, in eval mode on `device`.
+
+    A feature head's folder holds an ordinary draft checkpoint (its body), but the body alone drafts
+    nonsense: it is refused unless `feature_head_body` (dfvg.feature_head loads it so)."""
     directory = checkpoint_dir(path)
+    if not feature_head_body and (directory / FEATURE_HEAD_FILE).is_file():
+        raise UserError(f"{directory} is a feature head (it drafts from the target's hidden states), which this "
+                        "tool cannot run as a standalone draft; use it with dfvg generate --draft (eager target)")
     cfg = load_config(directory)
     state = convert_state_dict(read_tensors(directory, dtype), cfg)
     with torch.device("meta"):

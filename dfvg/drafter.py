@@ -11,6 +11,7 @@ its own last draft nor the bonus token), the drafter tracks `cached_len` itself 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,22 +79,34 @@ class TorchDrafter:
         fed_from = min(self.cached_len, len(context) - 1)  # always feed at least the last token
         logits = self._next_logits(context[fed_from:], fed_from)
         self.cached_len = len(context)
-        tokens, probs = [], []
-        for i in range(k):
-            dist = processed_probs(logits, sampling)  # [V]
-            uniform = torch.zeros(()) if sampling.greedy else torch.rand((), generator=generator)
-            tokens.append(int(sample_from(dist, uniform)))
-            probs.append(dist)
-            if i < k - 1:
-                logits = self._next_logits(tokens[-1:], self.cached_len)
-                self.cached_len += 1
+
+        def feed_next(token: int) -> Tensor:
+            next_logits = self._next_logits([token], self.cached_len)
+            self.cached_len += 1
+            return next_logits
+
+        tokens, block_probs = sample_block(logits, k, sampling, generator, feed_next)
         synchronize(self.device)
-        block_probs = None if sampling.greedy or not probs else torch.stack(probs)
         return DraftBlock(tokens, block_probs, time.perf_counter() - start)
 
     def _next_logits(self, tokens: list[int], start_pos: int) -> Tensor:
         """Feed tokens at start_pos.. and return the logits [V] after the last one, in the target's vocab."""
         return fit_vocab(self.model.feed(tokens, start_pos, last_only=True)[-1], self.vocab_size)
+
+
+def sample_block(logits: Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None,
+                 feed_next: Callable[[int], Tensor]) -> tuple[list[int], Tensor | None]:
+    """Draw a block of k tokens: the first from `logits` [V], each next one from `feed_next(previous token)`;
+    returns the tokens and the processed distributions [k, V] they were drawn from (None when greedy)."""
+    tokens, probs = [], []
+    for i in range(k):
+        dist = processed_probs(logits, sampling)  # [V]
+        uniform = torch.zeros(()) if sampling.greedy else torch.rand((), generator=generator)
+        tokens.append(int(sample_from(dist, uniform)))
+        probs.append(dist)
+        if i < k - 1:
+            logits = feed_next(tokens[-1])
+    return tokens, None if sampling.greedy or not probs else torch.stack(probs)
 
 
 def fit_vocab(logits: Tensor, vocab_size: int) -> Tensor:

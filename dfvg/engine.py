@@ -81,6 +81,9 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
     Under tensor parallelism the ranks other than 0 load nothing and receive rank 0's drafts, and rank 0's draft
     runs eagerly: a graph capture on rank 0 alone would put its warm-up out of step with the other ranks."""
     tp = current()
+    if tp is not None and is_feature_head(draft_dir):  # every rank refuses alike (none waits on a broadcast)
+        raise UserError(f"{draft_dir} is a feature head, which does not run under tensor parallelism yet; "
+                        "drop --tensor-parallel or use a standalone draft")
     if tp is not None and not tp.leads:
         return ReceivedDrafts(tp)
     fast = fast and tp is None

@@ -17,7 +17,7 @@ head adds `feature_head.json` ({"format": 1, "target_hidden_size": H}) and `feat
 (`fuse.weight` [d, H + d], `predict.weight` [H, d]). `is_feature_head` tells the two kinds apart.
 
 `FeatureDrafter` is its `Drafter`: it reads the features of every committed position from the verifier
-(`TorchVerifier.keep_features`), which the host step verifies with before it calls `rollback`.
+(`TorchVerifier.keep_features`), which writes them by position on every pass.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from dfvg.checkpoint import checkpoint_dir, load_model, read_json
+from dfvg.checkpoint import FEATURE_HEAD_FILE, checkpoint_dir, load_model, read_json
 from dfvg.devices import resolve_device, synchronize
-from dfvg.drafter import DraftBlock, fit_vocab
+from dfvg.drafter import DraftBlock, fit_vocab, sample_block
 from dfvg.errors import UserError
 from dfvg.model import Transformer
-from dfvg.sampling import SamplingParams, processed_probs, sample_from
+from dfvg.sampling import SamplingParams
 
-HEAD_FILE, WEIGHTS_FILE, FORMAT = "feature_head.json", "feature_head.safetensors", 1
+HEAD_FILE, WEIGHTS_FILE, FORMAT = FEATURE_HEAD_FILE, "feature_head.safetensors", 1
 
 
 class FeatureHead(nn.Module):
@@ -60,6 +60,7 @@ class FeatureHead(nn.Module):
 
 
 def is_feature_head(path: str | Path) -> bool:
+    """Whether a draft folder holds a feature head (which loads and drafts differently from a plain draft)."""
     return (Path(path) / HEAD_FILE).is_file()
 
 
@@ -74,7 +75,7 @@ def load_feature_head(path: str | Path, dtype: torch.dtype = torch.float32, devi
     if target_hidden_size is not None and meta["target_hidden_size"] != target_hidden_size:
         raise UserError(f"the feature head {directory} reads features {meta['target_hidden_size']} wide, but the "
                         f"target's hidden size is {target_hidden_size}; pair it with the target it was trained on")
-    head = FeatureHead(load_model(directory, dtype=dtype), meta["target_hidden_size"])
+    head = FeatureHead(load_model(directory, dtype=dtype, feature_head_body=True), meta["target_hidden_size"])
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise UserError(f"{weights} is missing; copy the feature head's folder again in full")
@@ -109,11 +110,14 @@ def save_head_parts(head: FeatureHead, directory: Path, dtype: torch.dtype = tor
 
 
 class FeatureDrafter:
-    """A `FeatureHead` drafting on a torch device from the features its verifier keeps.
+    """A `FeatureHead` drafting on a torch device from the features its verifier writes by position.
 
-    Positions below `true_len` were fed with the target's features; positions fed with predicted ones
-    (inside a block) are never kept past the step: `rollback` cuts the cache back to `true_len`, and the
-    next `propose` feeds the accepted positions again with the features the verify just computed."""
+    The verifier's `features` hold f_p for every committed position p but the last (a verify pass writes
+    its rows; rejected rows are overwritten by the next pass, as in the KV cache), so drafting after n
+    committed tokens reads f_0 .. f_{n-2}. The head's cache positions below `true_len` were fed with those
+    features; the positions a block feeds with its own f^ are dropped at `rollback` and fed again with the
+    target's features on the next `propose`. Nothing else is carried between calls, so a drafter that takes
+    over in the middle of a generation (a fallback, a retry) catches up from the verifier alone."""
 
     def __init__(self, head: FeatureHead, verifier, target_vocab_size: int | None = None):
         if not hasattr(verifier, "keep_features"):
@@ -123,52 +127,49 @@ class FeatureDrafter:
         verifier.keep_features = True
         self.device = head.fuse.weight.device
         self.vocab_size = target_vocab_size or head.body.config.vocab_size
-        self.features: Tensor | None = None  # [max_seq_len, H]: the target's f_p by position p
-        self.known = 0  # f_p is known for p < known
         self.cached_len = 0
         self.true_len = 0
 
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
+        """Reset on a prompt (after the verifier's prefill): feed all its tokens but the last."""
         self.head.body.setup_cache(1, max_seq_len)
-        self.features = torch.zeros(max_seq_len, self.head.target_hidden_size, device=self.device,
-                                    dtype=self.head.fuse.weight.dtype)
-        self.known = self.cached_len = self.true_len = 0
-        self._take_features(len(prompt_ids) - 1)
+        self.cached_len = self.true_len = 0
         if len(prompt_ids) > 1:
             with torch.inference_mode():
                 self._feed(prompt_ids[:-1], 0, self._true_features(0, len(prompt_ids) - 1))
             self.cached_len = self.true_len = len(prompt_ids) - 1
 
     def rollback(self, num_valid: int) -> None:
-        self._take_features(num_valid)
+        """Positions >= num_valid are invalid, and so are those fed with predicted features (>= true_len)."""
         self.cached_len = self.true_len = min(self.true_len, num_valid)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> DraftBlock:
+        """Feed the committed positions not yet fed with the target's features, then draft k tokens, the
+        second on reading the head's own f^."""
         start = time.perf_counter()
         fed_from = min(self.true_len, len(context) - 1)  # always feed at least the last token
-        if self.known < len(context) - 1:
-            raise RuntimeError(f"feature head: the target's features stop at position {self.known}, "
-                               f"but drafting after {len(context)} tokens needs them up to {len(context) - 2}")
         logits, predicted = self._feed(context[fed_from:], fed_from, self._true_features(fed_from, len(context)))
         self.cached_len = self.true_len = len(context)
-        tokens, probs = [], []
-        for i in range(k):
-            dist = processed_probs(logits, sampling)  # [V]
-            uniform = torch.zeros(()) if sampling.greedy else torch.rand((), generator=generator)
-            tokens.append(int(sample_from(dist, uniform)))
-            probs.append(dist)
-            if i < k - 1:
-                logits, predicted = self._feed(tokens[-1:], self.cached_len, predicted[None])
-                self.cached_len += 1
+
+        def feed_next(token: int) -> Tensor:
+            nonlocal predicted  # f^ of the last position fed: the next draft reads it
+            next_logits, predicted = self._feed([token], self.cached_len, predicted[None])
+            self.cached_len += 1
+            return next_logits
+
+        tokens, block_probs = sample_block(logits, k, sampling, generator, feed_next)
         synchronize(self.device)
-        block_probs = None if sampling.greedy or not probs else torch.stack(probs)
         return DraftBlock(tokens, block_probs, time.perf_counter() - start)
 
     def _true_features(self, start: int, end: int) -> Tensor:
-        """f_{p-1} for positions start..end-1 (zeros before position 0)."""
-        rows = self.features[max(start - 1, 0): end - 1]
+        """The inputs of positions start..end-1: f_{start-1} .. f_{end-2} from the verifier (zeros for f_{-1})."""
+        written = self.verifier.features_end
+        if end - 1 > written:
+            raise RuntimeError(f"feature head: the verifier wrote features below position {written} only, but "
+                               f"feeding position {end - 1} needs f_{end - 2}")
+        rows = self.verifier.features[max(start - 1, 0): end - 1].to(self.device, self.head.fuse.weight.dtype)
         return torch.cat([rows.new_zeros(1, rows.shape[1]), rows]) if start == 0 else rows
 
     def _feed(self, tokens: list[int], start_pos: int, features: Tensor) -> tuple[Tensor, Tensor]:
@@ -177,16 +178,3 @@ class FeatureDrafter:
         positions = torch.arange(start_pos, start_pos + len(tokens), device=self.device)[None]
         logits, predicted = self.head(ids, positions, features[None])
         return fit_vocab(logits[0, -1], self.vocab_size), predicted[0, -1]
-
-    def _take_features(self, num_valid: int) -> None:
-        """Copy the verifier's features of its last pass for positions below num_valid (those are committed)."""
-        kept = self.verifier.kept_features
-        if kept is None or num_valid <= self.known:
-            return
-        start, rows = kept
-        if start > self.known:
-            raise RuntimeError(f"feature head: the verifier's features start at position {start}, but the head "
-                               f"knows them only up to {self.known}")
-        end = min(num_valid, start + rows.shape[0])
-        self.features[self.known: end] = rows[self.known - start: end - start].to(self.features.dtype)
-        self.known = end

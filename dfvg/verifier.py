@@ -41,14 +41,21 @@ class TorchVerifier:
         self.model = model
         self.device = model.tok_embeddings.weight.device
         self.vocab_size = model.config.vocab_size
-        self.keep_features = False  # set by a feature-level drafter (dfvg.feature_head), which reads them
-        self.kept_features: tuple[int, Tensor] | None = None  # (first position, final-norm outputs [T, D])
+        # Set by a feature-level drafter (dfvg.feature_head): then every pass also writes its final-norm
+        # outputs into `features` [max_seq_len, D] by position. Like the KV cache, positions below the
+        # committed length hold the committed tokens' values (a rejected row is overwritten by the next pass).
+        self.keep_features = False
+        self.features: Tensor | None = None
+        self.features_end = 0  # one past the last position written
 
-    @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
         """Allocate the cache and process all prompt tokens but the last."""
         self.model.setup_cache(1, max_seq_len)
-        self.kept_features = None
+        if self.keep_features:
+            width = self.model.config.hidden_size
+            if self.features is None or self.features.shape[0] < max_seq_len:
+                self.features = torch.zeros(max_seq_len, width, dtype=self.model.norm.weight.dtype, device=self.device)
+            self.features_end = 0
         if len(prompt_ids) > 1 and self.keep_features:
             self._hidden(prompt_ids[:-1], 0)
         elif len(prompt_ids) > 1:
@@ -62,12 +69,13 @@ class TorchVerifier:
         return self.model.logits(self._hidden(tokens, start_pos))
 
     def _hidden(self, tokens: list[int], start_pos: int) -> Tensor:
-        """The last layer's outputs [T, D] for tokens at start_pos..; keeps their final-norm values (the
-        features a feature head reads: what the LM head reads)."""
+        """The last layer's outputs [T, D] for tokens at start_pos..; writes their final-norm values (the
+        features a feature head reads: what the LM head reads) at their positions."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         positions = torch.arange(start_pos, start_pos + len(tokens), device=self.device)[None]
         hidden = self.model.run_layers(self.model.embed(ids), positions)[0]
-        self.kept_features = (start_pos, self.model.norm(hidden))
+        self.features[start_pos: start_pos + len(tokens)] = self.model.norm(hidden)
+        self.features_end = start_pos + len(tokens)
         return hidden
 
     def verify(self, seq: list[int], block: DraftBlock, sampling: SamplingParams,

@@ -6,7 +6,10 @@
   `accept_block`'s, checked elsewhere: here a sampled run must at least use the drafts' probabilities);
 - the replay of its greedy steps (`feature_steps`) equals what `dfvg.generate` does with the real drafter,
   step for step, and a head that ignores the features replays differently;
-- its folder round-trips; bad folders and unsupported schedules are refused in one line.
+- a drafter that takes over in the middle of a generation (a fallback, a retry) catches up from the
+  verifier's features alone and drafts what the drafter that followed the whole generation drafts;
+- bad folders, unsupported schedules and tensor parallelism are refused in one line, and a tool that
+  loads drafts as standalone models refuses a head's folder instead of drafting with its body.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from dfvg.distill.pipeline import run
 from dfvg.engine import Engine, make_drafter
 from dfvg.errors import UserError
 from dfvg.feature_head import FeatureDrafter, is_feature_head, load_feature_head
-from dfvg.generate import generate
+from dfvg.generate import HostStep, generate
+from dfvg.parallel import group
 from dfvg.sampling import SamplingParams
 from dfvg.tree import TreeSpec
 from dfvg.verifier import TorchVerifier
@@ -142,3 +146,30 @@ def test_unsupported_schedules_and_bad_folders_are_refused(head_dir, setup, tmp_
     (broken / "feature_head.json").write_text('{"format": 9}')
     with pytest.raises(UserError, match="not a DFVG feature head of format 1"):
         load_feature_head(broken)
+
+
+def test_a_drafter_taking_over_mid_generation_catches_up(head_dir, setup):  # noqa: F811
+    verifier, follower = drafter_for(head_dir[0], setup)
+    _, newcomer = drafter_for(head_dir[0], setup, verifier)
+    prompt, greedy = list(PROMPTS[1]), SamplingParams()
+    step = HostStep(verifier, follower, greedy, torch.Generator())
+    step.prefill(prompt, 64)
+    newcomer.prefill(prompt, 64)  # then it sits out while the follower drafts
+    seq = list(prompt)
+    for _ in range(4):
+        seq += step(seq, 3).committed
+    want = follower.propose(seq, 3, greedy, None)
+    got = newcomer.propose(seq, 3, greedy, None)
+    assert got.tokens == want.tokens and len(seq) > len(prompt) + 4
+
+
+def test_tensor_parallel_and_standalone_loaders_refuse_a_head(head_dir, setup, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(group, "_CURRENT", group.TensorParallel(1, 2, torch.device("cpu")))
+    with pytest.raises(UserError, match="does not run under tensor parallelism"):
+        make_drafter(head_dir[0], "cpu", torch.float32, VOCAB, fast=False)
+    monkeypatch.setattr(group, "_CURRENT", None)
+    with pytest.raises(UserError, match="cannot run as a standalone draft"):
+        load_model(head_dir[0])
+    rtl = subprocess.run([sys.executable, "-m", "dfvg.fpga.rtl_run", "--draft", str(head_dir[0]), "--prompt-ids",
+                          "5,17", "--tokens", "2"], capture_output=True, text=True, timeout=300)
+    assert rtl.returncode == 2 and rtl.stderr.count("\n") == 1 and "is a feature head" in rtl.stderr

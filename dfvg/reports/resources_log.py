@@ -25,7 +25,7 @@ def fpga_section(results: RunResults) -> list[str]:
 
     lines = ["[fpga] draft engine resource estimate (dfvg.fpga.board.resources)"]
     if results.fpga_workload is None or results.board is None:
-        return lines + ["not available: no draft model in this experiment"]
+        return lines + ["not available: no draft model the FPGA datapath implements in this experiment"]
     try:
         report = estimate_resources(results.fpga_workload, results.board, results.fpga_design)
     except UserError as err:
