@@ -36,7 +36,8 @@ from dfvg.drafter import TorchDrafter  # noqa: E402
 from dfvg.engine import make_drafter  # noqa: E402
 from dfvg.errors import UserError  # noqa: E402
 from dfvg.generate import generate  # noqa: E402
-from dfvg.gpu.graphs import GraphDrafter, GraphVerifier  # noqa: E402
+from dfvg.gpu.graph_drafter import GraphDrafter  # noqa: E402
+from dfvg.gpu.graphs import GraphVerifier  # noqa: E402
 from dfvg.stats import Metric  # noqa: E402
 from dfvg.tokenizer import eos_token_ids  # noqa: E402
 from dfvg.verifier import TorchVerifier  # noqa: E402

@@ -6,7 +6,7 @@ Random bf16 weights with the draft shapes DFVG ships or downloads (timing depend
 distilled FPGA-sized draft (4 layers of 512, a 32k-row head over a token subset, embedding rows tied to it;
 the default) and the 0.5B draft (24 layers of 896, the full head; no table entry of its own yet, so both
 tables are the same and it is skipped, until a sweep adds some). For k tokens after a context of 200 or 2000, the
-drafter's own draft graph (`dfvg.gpu.graphs.draft_graph`: what `GraphDrafter.propose` replays and what the
+drafter's own draft graph (`dfvg.gpu.graph_drafter.draft_graph`: what `GraphDrafter.propose` replays and what the
 device step embeds) is captured once per table and timed by CUDA events in alternating rounds (median over
 rounds of the median of 20 replays):
 - shipped: `block_sizes.TUNED` as shipped (the distilled draft's shapes without split-K);
@@ -36,7 +36,7 @@ from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
 from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
 from dfvg.gpu import block_sizes  # noqa: E402
-from dfvg.gpu.graphs import GraphDrafter, draft_graph  # noqa: E402
+from dfvg.gpu.graph_drafter import GraphDrafter, draft_graph  # noqa: E402
 from dfvg.model import ModelConfig  # noqa: E402
 
 VOCAB = 151936

@@ -17,7 +17,8 @@ from benchmarks.gpu_speed import KERNELS, cuda_median_ms, save, sync, timed_runs
 from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
 from dfvg.generate import generate
-from dfvg.gpu.graphs import GraphDrafter, GraphVerifier, draft_graph, token_graph
+from dfvg.gpu.graph_drafter import GraphDrafter, draft_graph
+from dfvg.gpu.graphs import GraphVerifier, token_graph
 from dfvg.gpu.tree_device import tree_room
 from dfvg.verifier import TorchVerifier
 

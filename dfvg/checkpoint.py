@@ -291,7 +291,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     directory = checkpoint_dir(path)
     if not feature_head_body and (directory / FEATURE_HEAD_FILE).is_file():
         raise UserError(f"{directory} is a feature head (it drafts from the target's hidden states), which this "
-                        "tool cannot run as a standalone draft; use it with dfvg generate --draft (eager target)")
+                        "tool cannot run as a standalone draft; use it with dfvg generate --draft")
     cfg = load_config(directory)
     state = convert_state_dict(read_tensors(directory, dtype), cfg)
     with torch.device("meta"):

@@ -40,7 +40,8 @@ from dfvg.feature_head import FeatureDrafter, feature_drafter, is_feature_head
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
-from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
+from dfvg.gpu.graph_drafter import GraphDrafter
+from dfvg.gpu.graphs import GraphVerifier
 from dfvg.gpu.tree_device import DeviceTreeStep, fits_device_tree, tree_room, tree_shape
 from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.batch import run_batch

@@ -122,7 +122,7 @@ class FeatureDrafter:
     def __init__(self, head: FeatureHead, verifier, target_vocab_size: int | None = None):
         if not hasattr(verifier, "keep_features"):
             raise UserError(f"a feature head reads the target's hidden states, which {type(verifier).__name__} "
-                            "does not give; run the target eagerly (--eager), on one process")
+                            "does not give; run the target on one process")
         self.head, self.verifier = head, verifier
         verifier.keep_features = True
         self.device = head.fuse.weight.device

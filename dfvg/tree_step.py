@@ -27,7 +27,8 @@ from dfvg.errors import UserError
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.fpga.datapath.tree_drafter import DatapathTreeDrafter
 from dfvg.generate import Outcome
-from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
+from dfvg.gpu.graph_drafter import GraphDrafter
+from dfvg.gpu.graphs import GraphVerifier
 from dfvg.sampling import SamplingParams, processed_probs, sample_from
 from dfvg.tree import DYNAMIC_WIDTH, DraftTree, TreeSpec, accept_tree, compact_cache, tree_inputs
 from dfvg.verifier import TorchVerifier, Verifier

@@ -156,7 +156,8 @@ def test_graph_paths_map_head_rows_to_token_ids(distilled, setup):
     """GraphDrafter and the fused device step (CPU replays of the CUDA-graph bodies) draft the same
     token ids as TorchDrafter: a head row is mapped back through head_token_ids, not used as an id."""
     from dfvg.engine import Engine
-    from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
+    from dfvg.gpu.graph_drafter import GraphDrafter
+    from dfvg.gpu.graphs import GraphVerifier
 
     target_model, draft_model = load_model(setup / "target"), load_model(distilled[0])
     verifier = TorchVerifier(target_model)

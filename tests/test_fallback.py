@@ -26,7 +26,8 @@ from dfvg.errors import UserError
 from dfvg.fallback import FaultInjection, FaultPolicy, GuardedDrafter, Slot
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import HostStep, decode, generate
-from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
+from dfvg.gpu.graph_drafter import GraphDrafter
+from dfvg.gpu.graphs import GraphVerifier
 from dfvg.host.batch import run_batch
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import TorchVerifier

@@ -6,6 +6,7 @@
   `accept_block`'s, checked elsewhere: here a sampled run must at least use the drafts' probabilities);
 - the replay of its greedy steps (`feature_steps`) equals what `dfvg.generate` does with the real drafter,
   step for step, and a head that ignores the features replays differently;
+- the CUDA-graph verifier (its CPU replay here) hands out the same features: same steps as the eager one;
 - a drafter that takes over in the middle of a generation (a fallback, a retry) catches up from the
   verifier's features alone and drafts what the drafter that followed the whole generation drafts;
 - bad folders, unsupported schedules and tensor parallelism are refused in one line, and a tool that
@@ -130,9 +131,9 @@ def test_unsupported_schedules_and_bad_folders_are_refused(head_dir, setup, tmp_
     with pytest.raises(UserError, match="one sequence at a time"):
         engine.decode_batch([drafter, drafter], [list(PROMPTS[0])] * 2, 8, k=2)
 
-    class NoFeatures:  # a verifier that cannot give features (the CUDA-graph one, tensor parallel)
+    class NoFeatures:  # a verifier that cannot give features
         model, vocab_size = verifier.model, VOCAB
-    with pytest.raises(UserError, match="--eager"):
+    with pytest.raises(UserError, match="does not give"):
         make_drafter(head_dir[0], "cpu", torch.float32, VOCAB, fast=False, verifier=NoFeatures())
     with pytest.raises(UserError, match="features 64 wide, but the target's hidden size is 32"):
         load_feature_head(head_dir[0], target_hidden_size=32)
@@ -173,3 +174,19 @@ def test_tensor_parallel_and_standalone_loaders_refuse_a_head(head_dir, setup, m
     rtl = subprocess.run([sys.executable, "-m", "dfvg.fpga.rtl_run", "--draft", str(head_dir[0]), "--prompt-ids",
                           "5,17", "--tokens", "2"], capture_output=True, text=True, timeout=300)
     assert rtl.returncode == 2 and rtl.stderr.count("\n") == 1 and "is a feature head" in rtl.stderr
+
+
+def test_the_graph_verifier_gives_the_eager_verifiers_features(head_dir, setup):  # noqa: F811
+    from dfvg.gpu.graphs import GraphVerifier
+
+    eager, eager_drafter = drafter_for(head_dir[0], setup)
+    graph = GraphVerifier(load_model(setup / "target"), compile_blocks=False, cache_len=96)
+    graph_drafter = make_drafter(head_dir[0], "cpu", torch.float32, VOCAB, fast=False, verifier=graph)
+    for prompt in PROMPTS:
+        want = generate(eager, list(prompt), 24, drafter=eager_drafter, draft_length=3)
+        got = generate(graph, list(prompt), 24, drafter=graph_drafter, draft_length=3)
+        assert got.tokens == want.tokens
+        assert [s.num_accepted for s in got.steps] == [s.num_accepted for s in want.steps]
+        engine = Engine(graph)
+        assert engine.decode(graph_drafter, list(prompt), 24, k=3).tokens == want.tokens
+    assert sum(s.num_accepted for s in got.steps) > 0

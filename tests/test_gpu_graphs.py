@@ -10,7 +10,8 @@ from dfvg.checkpoint import config_from_dict, convert_state_dict
 from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
 from dfvg.generate import generate
-from dfvg.gpu.graphs import PREFILL_CHUNK, GraphDrafter, GraphModel, GraphVerifier, graph_prefill
+from dfvg.gpu.graph_drafter import GraphDrafter
+from dfvg.gpu.graphs import PREFILL_CHUNK, GraphModel, GraphVerifier, graph_prefill
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import TorchVerifier

@@ -37,7 +37,8 @@ from dfvg.engine import Engine
 from dfvg.fallback import FaultInjection, FaultPolicy, GuardedDrafter, Slot
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import generate
-from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
+from dfvg.gpu.graph_drafter import GraphDrafter
+from dfvg.gpu.graphs import GraphVerifier
 from dfvg.host.batch import run_batch
 from dfvg.sampling import SamplingParams, processed_probs
 from dfvg.verifier import TorchVerifier

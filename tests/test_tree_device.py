@@ -19,7 +19,8 @@ from dfvg.checkpoint import load_model
 from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
 from dfvg.generate import generate
-from dfvg.gpu.graphs import GraphDrafter, GraphVerifier
+from dfvg.gpu.graph_drafter import GraphDrafter
+from dfvg.gpu.graphs import GraphVerifier
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.gpu.tree_device import DeviceTreeStep, tree_shape
 from dfvg.gpu.tree_rows import TreeRows

@@ -35,7 +35,8 @@ from torch import Tensor
 from dfvg.drafter import DraftBlock
 from dfvg.fallback import GuardedDrafter, take_faults
 from dfvg.generate import GREEDY, HostStep, Outcome
-from dfvg.gpu.graphs import VERIFY_ROWS, GraphDrafter, GraphModel, GraphVerifier, draft_body
+from dfvg.gpu.graph_drafter import GraphDrafter, draft_body
+from dfvg.gpu.graphs import VERIFY_ROWS, GraphModel, GraphVerifier
 from dfvg.gpu.kernels import greedy_accept
 
 

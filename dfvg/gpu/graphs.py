@@ -6,21 +6,21 @@ with one launch, and `torch.compile` of one transformer block (shared by every l
 arguments, not constants) fuses the elementwise work so there are fewer kernels to replay.
 
 What this module owns: `GraphModel` (functional forward + graph capture per input length T over static
-buffers, chunked graph prefill), `GraphVerifier` (the `Verifier` interface, with a captured verify-and-accept)
-and `GraphDrafter` (the `Drafter` protocol). The last `SCRATCH` cache slots are scratch space for warm-up and
-capture: a query at position p only attends to slots <= p, and real positions stay below them.
+buffers, chunked graph prefill) and `GraphVerifier` (the `Verifier` interface, with a captured
+verify-and-accept); the draft side, `GraphDrafter`, is `dfvg.gpu.graph_drafter`'s. The last `SCRATCH`
+cache slots are scratch space for warm-up and capture: a query at position p only attends to slots <= p,
+and real positions stay below them.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from functools import partial
 
 import torch
 from torch import Tensor
 
-from dfvg.drafter import DraftBlock, TorchDrafter
+from dfvg.drafter import DraftBlock
 from dfvg.gpu import fused
 from dfvg.gpu.block import block_forward, layer_weights, raise_recompile_limit
 from dfvg.gpu.kernels import MAX_ROWS, greedy_accept
@@ -56,6 +56,10 @@ class GraphModel:
         self._cache_id = None  # bumped whenever the cache tensors change (graphs over the old ones are dropped)
         self._cache_tensor = None
         self.graphs: dict = {}
+        # With a feature head drafting (dfvg.feature_head): every one-sequence pass also writes its rows'
+        # final-norm outputs at their positions, inside the captured graphs too (static buffer, static pos).
+        self.features: Tensor | None = None
+        self.keeps_features = False
 
     def ensure_cache(self, max_seq_len: int, rows: int = 1) -> None:
         """Allocate (or keep) a cache of `rows` rows of max_seq_len + SCRATCH slots; new buffers invalidate
@@ -65,6 +69,23 @@ class GraphModel:
         if cache.k is not self._cache_tensor:  # the tensor itself: a freed id can come back for a new one
             self._cache_tensor, self._cache_id, self.graphs = cache.k, (self._cache_id or 0) + 1, {}
             self.cache_len = self.model.max_seq_len
+            self._allocate_features()
+
+    def keep_features(self) -> None:
+        """From now on, write features (graphs captured without the write are dropped, to be recaptured)."""
+        if not self.keeps_features:
+            self.keeps_features, self.graphs = True, {}
+            self._allocate_features()
+
+    def _allocate_features(self) -> None:
+        if self.keeps_features and self.cache_len:
+            weight = self.model.norm.weight
+            self.features = torch.zeros(self.cache_len, weight.shape[0], dtype=weight.dtype, device=self.device)
+
+    def _write_features(self, x: Tensor, pos: Tensor) -> None:
+        """x [T, D] (the last layer's rows), pos [T]: their final-norm values into `features`, by position."""
+        if self.features is not None:
+            self.features.index_copy_(0, pos, self.model.norm(x))
 
     @property
     def scratch_pos(self) -> int:
@@ -97,6 +118,8 @@ class GraphModel:
         for layer, w in zip(m.layers, self.weights, strict=True):
             cache = layer.attention.kv_cache
             x = self.block(x, cos, sin, slots, mask, cache.k, cache.v, w, self.dims)
+        if tree is None and x.shape[0] == 1:
+            self._write_features(x[0], pos[0])
         if last_only:
             x = x[:, -1:]
         return m.logits(x)
@@ -107,6 +130,10 @@ class GraphModel:
         (a T = 16 compiled-block graph would not pay for its compilation)."""
         if self.fused:
             graph_prefill(self, tokens)
+        elif self.features is not None:  # eager too, and its rows' features written as every pass writes them
+            pos = torch.arange(len(tokens), device=self.device)
+            self._write_features(self.model.run_layers(self.model.embed(torch.tensor([tokens], device=self.device)),
+                                                       pos[None])[0], pos)
         else:
             self.model.feed(tokens, 0, last_only=True)
 
@@ -120,6 +147,8 @@ class GraphModel:
         for layer, w in zip(m.layers, self.weights, strict=True):
             cache = layer.attention.kv_cache
             x = by_chunks(chunks, partial(self._fused_layer, x, pos, cache.k[0], cache.v[0], w, counters, tree))
+        if tree is None:
+            self._write_features(x, pos)
         if last_only:
             x, chunks = x[-1:].contiguous(), [(0, 1)]
         # the head as a row-invariant launch too (fused module docstring)
@@ -250,16 +279,33 @@ class GraphVerifier:
         self.device = self.gm.device
         self.vocab_size = model.config.vocab_size
         self.min_cache_len = cache_len
+        self.features_end = 0  # with keep_features: one past the last position whose features were written
+
+    @property
+    def keep_features(self) -> bool:
+        """As `TorchVerifier.keep_features`: set by a feature head; then `features` [cache slots, D] by position."""
+        return self.gm.keeps_features
+
+    @keep_features.setter
+    def keep_features(self, on: bool) -> None:
+        if on:
+            self.gm.keep_features()
+
+    @property
+    def features(self) -> Tensor | None:
+        return self.gm.features
 
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
         """Cache of at least `cache_len` slots (graphs survive across prompts); then prompt[:-1]."""
         self.gm.ensure_cache(max(max_seq_len, self.min_cache_len))
         if len(prompt_ids) > 1:
             self.gm.prefill(prompt_ids[:-1])
+        self.features_end = len(prompt_ids) - 1
 
     @torch.inference_mode()
     def score(self, tokens: list[int], start_pos: int) -> Tensor:
         """Logits [len(tokens), V] of the token after each of `tokens` (the graph's output buffer)."""
+        self.features_end = start_pos + len(tokens)
         runner = token_graph(self.gm, tokens, start_pos, last_only=False)
         if runner is None:
             ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
@@ -272,6 +318,7 @@ class GraphVerifier:
         if sampling.greedy and block.probs is None:
             outcome = verify_greedy(self, seq, block.tokens)
             if outcome is not None:
+                self.features_end = len(seq) + len(block.tokens)
                 return outcome
         return verify_on_host(self, seq, block, sampling, rng)
 
@@ -279,85 +326,6 @@ class GraphVerifier:
         """Capture the verify-and-accept graphs for 1..max_rows rows now (a warm-up, not a prompt's time)."""
         for rows in range(1, min(max_rows, VERIFY_ROWS) + 1):
             verify_greedy(self, [0], [0] * (rows - 1))
-
-
-class GraphDrafter:
-    """Draft model on CUDA: greedy drafting replays one graph of all k steps; sampling runs eagerly."""
-
-    def __init__(self, model: Transformer, target_vocab_size: int | None = None, compile_blocks: bool = True,
-                 cache_len: int = 1024, fused_layers: bool = True):
-        self.gm = GraphModel(model, compile_blocks, fused_layers)
-        self.model = model
-        self.device = self.gm.device
-        self.vocab_size = target_vocab_size or model.config.vocab_size
-        self.eager = TorchDrafter(model, self.vocab_size)  # sampling path and catch-up of long gaps
-        self.min_cache_len = cache_len
-        self.cached_len = 0
-
-    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
-        self.gm.ensure_cache(max(max_seq_len, self.min_cache_len))
-        self.cached_len = 0
-        if len(prompt_ids) > 1:
-            self.gm.prefill(prompt_ids[:-1])
-            self.cached_len = len(prompt_ids) - 1
-
-    def rollback(self, num_valid: int) -> None:
-        self.cached_len = min(self.cached_len, num_valid)
-
-    def prepare(self, max_k: int) -> None:
-        """Capture the draft graphs for k = 1..max_k now (warm-up; overlap drafts up to k + 1)."""
-        for k in range(1, min(max_k, SCRATCH - 1) + 1):
-            draft_graph(self.gm, k, self.vocab_size)
-
-    @torch.inference_mode()
-    def propose(self, context: list[int], k: int, sampling: SamplingParams,
-                generator: torch.Generator | None) -> DraftBlock:
-        """Greedy: feed context[-2:] then k-1 drafts inside one graph replay; one device-to-host copy."""
-        start = time.perf_counter()
-        length = len(context)
-        if not sampling.greedy or length < 2 or length + k > self.gm.scratch_pos or k < 1:
-            self.eager.cached_len = self.cached_len
-            block = self.eager.propose(context, k, sampling, generator)
-            self.cached_len = self.eager.cached_len
-            return block
-        if self.cached_len < length - 2:  # a gap the two-token catch-up cannot cover: feed it eagerly
-            self.eager.cached_len = self.cached_len
-            self.eager._next_logits(context[self.cached_len : length - 2], self.cached_len)
-        graph = draft_graph(self.gm, k, self.vocab_size)
-        graph.state.copy_(torch.tensor([[context[-2], context[-1], length - 1]]))
-        graph.graph.replay()
-        tokens = graph.drafts[0].tolist()
-        self.cached_len = length + k - 1
-        return DraftBlock(tokens, None, time.perf_counter() - start)
-
-
-class _DraftGraph:
-    """k greedy draft steps in one graph: state [1, 3] = [prev_token, last_token, last_pos] -> drafts [1, k]."""
-
-    def __init__(self, gm: GraphModel, k: int, vocab: int):
-        self.state = torch.tensor([[0, 0, gm.scratch_pos + 1]], dtype=torch.long, device=gm.device)
-        self.drafts = torch.zeros(1, k, dtype=torch.long, device=gm.device)
-        self.graph, _ = gm.capture(("draft", k), lambda: draft_body(gm, self.state, self.drafts, vocab))
-
-
-def draft_body(gm: GraphModel, state: Tensor, drafts: Tensor, vocab: int) -> Tensor:
-    """Device-only drafting for B rows: each catches up on its [prev, last] at [pos-1, pos], then k-1
-    single-token steps. state [B, 3] = [prev_token, last_token, last_pos] per row; drafts [B, k]."""
-    pos = state[:, 2:3] - 1 + torch.arange(2, device=state.device)  # [B, 2]
-    token = gm.forward_rows(state[:, :2], pos, last_only=True)[:, 0, :vocab].argmax(-1)  # [B]
-    drafts[:, 0].copy_(token)
-    for i in range(1, drafts.shape[1]):
-        token = gm.forward_rows(token[:, None], state[:, 2:3] + i, last_only=True)[:, 0, :vocab].argmax(-1)
-        drafts[:, i].copy_(token)
-    return drafts
-
-
-def draft_graph(gm: GraphModel, k: int, vocab: int) -> _DraftGraph:
-    graph = gm.graphs.get(("draft-runner", k))
-    if graph is None:
-        graph = _DraftGraph(gm, k, vocab)
-        gm.graphs[("draft-runner", k)] = graph
-    return graph
 
 
 class _VerifyGraph:

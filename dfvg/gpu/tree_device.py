@@ -32,7 +32,8 @@ from torch import Tensor
 
 from dfvg.drafter import DraftBlock
 from dfvg.generate import Outcome
-from dfvg.gpu.graphs import GraphDrafter, GraphModel, GraphVerifier
+from dfvg.gpu.graph_drafter import GraphDrafter
+from dfvg.gpu.graphs import GraphModel, GraphVerifier
 from dfvg.gpu.tree_rows import TreeRows
 from dfvg.tree import DYNAMIC_WIDTH, TreeSpec, move_slots
 

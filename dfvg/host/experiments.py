@@ -36,7 +36,7 @@ from dfvg import reports
 from dfvg.energy import EnergyMeter, Nvml
 from dfvg.engine import make_drafter
 from dfvg.generate import GenerationResult, max_seq_len
-from dfvg.gpu.graphs import GraphDrafter
+from dfvg.gpu.graph_drafter import GraphDrafter
 from dfvg.gpu.tree_device import tree_room
 from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.context import Context, build_context, drafter_of, fpga_options

@@ -1,0 +1,98 @@
+"""The draft model under CUDA graphs: `GraphDrafter` (the `Drafter` protocol) and its k-step draft graph.
+
+Why a graph of all k steps: a greedy block of k draft tokens is k tiny forward passes whose launches,
+from Python, cost more than their arithmetic; one replay of a graph that feeds each argmax back on the
+device costs one launch and one device-to-host copy. `draft_body` is also the draft half of the fused
+device step (`dfvg.gpu.fast`). Built on `dfvg.gpu.graphs.GraphModel`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from dfvg.drafter import DraftBlock, TorchDrafter
+from dfvg.gpu.graphs import SCRATCH, GraphModel
+from dfvg.model import Transformer
+from dfvg.sampling import SamplingParams
+
+
+class GraphDrafter:
+    """Draft model on CUDA: greedy drafting replays one graph of all k steps; sampling runs eagerly."""
+
+    def __init__(self, model: Transformer, target_vocab_size: int | None = None, compile_blocks: bool = True,
+                 cache_len: int = 1024, fused_layers: bool = True):
+        self.gm = GraphModel(model, compile_blocks, fused_layers)
+        self.model = model
+        self.device = self.gm.device
+        self.vocab_size = target_vocab_size or model.config.vocab_size
+        self.eager = TorchDrafter(model, self.vocab_size)  # sampling path and catch-up of long gaps
+        self.min_cache_len = cache_len
+        self.cached_len = 0
+
+    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
+        self.gm.ensure_cache(max(max_seq_len, self.min_cache_len))
+        self.cached_len = 0
+        if len(prompt_ids) > 1:
+            self.gm.prefill(prompt_ids[:-1])
+            self.cached_len = len(prompt_ids) - 1
+
+    def rollback(self, num_valid: int) -> None:
+        self.cached_len = min(self.cached_len, num_valid)
+
+    def prepare(self, max_k: int) -> None:
+        """Capture the draft graphs for k = 1..max_k now (warm-up; overlap drafts up to k + 1)."""
+        for k in range(1, min(max_k, SCRATCH - 1) + 1):
+            draft_graph(self.gm, k, self.vocab_size)
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> DraftBlock:
+        """Greedy: feed context[-2:] then k-1 drafts inside one graph replay; one device-to-host copy."""
+        start = time.perf_counter()
+        length = len(context)
+        if not sampling.greedy or length < 2 or length + k > self.gm.scratch_pos or k < 1:
+            self.eager.cached_len = self.cached_len
+            block = self.eager.propose(context, k, sampling, generator)
+            self.cached_len = self.eager.cached_len
+            return block
+        if self.cached_len < length - 2:  # a gap the two-token catch-up cannot cover: feed it eagerly
+            self.eager.cached_len = self.cached_len
+            self.eager._next_logits(context[self.cached_len : length - 2], self.cached_len)
+        graph = draft_graph(self.gm, k, self.vocab_size)
+        graph.state.copy_(torch.tensor([[context[-2], context[-1], length - 1]]))
+        graph.graph.replay()
+        tokens = graph.drafts[0].tolist()
+        self.cached_len = length + k - 1
+        return DraftBlock(tokens, None, time.perf_counter() - start)
+
+
+class _DraftGraph:
+    """k greedy draft steps in one graph: state [1, 3] = [prev_token, last_token, last_pos] -> drafts [1, k]."""
+
+    def __init__(self, gm: GraphModel, k: int, vocab: int):
+        self.state = torch.tensor([[0, 0, gm.scratch_pos + 1]], dtype=torch.long, device=gm.device)
+        self.drafts = torch.zeros(1, k, dtype=torch.long, device=gm.device)
+        self.graph, _ = gm.capture(("draft", k), lambda: draft_body(gm, self.state, self.drafts, vocab))
+
+
+def draft_body(gm: GraphModel, state: Tensor, drafts: Tensor, vocab: int) -> Tensor:
+    """Device-only drafting for B rows: each catches up on its [prev, last] at [pos-1, pos], then k-1
+    single-token steps. state [B, 3] = [prev_token, last_token, last_pos] per row; drafts [B, k]."""
+    pos = state[:, 2:3] - 1 + torch.arange(2, device=state.device)  # [B, 2]
+    token = gm.forward_rows(state[:, :2], pos, last_only=True)[:, 0, :vocab].argmax(-1)  # [B]
+    drafts[:, 0].copy_(token)
+    for i in range(1, drafts.shape[1]):
+        token = gm.forward_rows(token[:, None], state[:, 2:3] + i, last_only=True)[:, 0, :vocab].argmax(-1)
+        drafts[:, i].copy_(token)
+    return drafts
+
+
+def draft_graph(gm: GraphModel, k: int, vocab: int) -> _DraftGraph:
+    graph = gm.graphs.get(("draft-runner", k))
+    if graph is None:
+        graph = _DraftGraph(gm, k, vocab)
+        gm.graphs[("draft-runner", k)] = graph
+    return graph
