@@ -174,12 +174,13 @@ def build(opts: DistillOptions, train_seqs, target_raw: dict):
     return model, hf_config, head_ids, counts, shape, basis
 
 
-def sizing_report(cfg, opts: DistillOptions, log) -> dict:
+def sizing_report(cfg, opts: DistillOptions, log, feature_size: int = 0) -> dict:
     """Modeled U280 (or --board) fit and block time at int8 and int4, printed and returned for the recipe."""
     verify = None if opts.verify_ms is None else Metric(opts.verify_ms / 1e3, "s", "assumed", "--verify-ms")
     out = {}
     for bits in (8, 4):
         result = sizing.size_draft(cfg, bits, opts.board, k=max(opts.eval_ks), context_len=opts.max_prompt_tokens,
+                                   feature_size=feature_size,
                                    verify=verify)
         for line in result.lines():
             log(f"sizing: {line}")
@@ -266,7 +267,8 @@ def run(opts: DistillOptions, log=print) -> dict:
                "losses": state.losses, "acceptance_before": before, "acceptance_after": after,
                "acceptance_test": test,
                "head_coverage_of_train_tokens": vocab.coverage(counts, head_ids) if head_ids is not None else 1.0,
-               "sizing": sizing_report(body.config, opts, log)}
+               "sizing": sizing_report(body.config, opts, log,
+                                       model.target_hidden_size if opts.feature_head else 0)}
     if opts.feature_head:
         summary["feature_head"] = feature_head_report(model)
     output = Path(opts.output)

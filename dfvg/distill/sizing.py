@@ -53,18 +53,21 @@ class DraftSizing:
 
 
 def size_draft(cfg: ModelConfig, bits: int, board: str = "u280", k: int = 4, context_len: int = 256,
-               verify: Metric | None = None, group_size: int = 128) -> DraftSizing:
-    """Residency and modeled block time of `cfg` at `bits` (8 or 4) on `board`, drafting k at context_len."""
+               verify: Metric | None = None, group_size: int = 128, feature_size: int = 0) -> DraftSizing:
+    """Residency and modeled block time of `cfg` at `bits` (8 or 4) on `board`, drafting k at context_len.
+
+    A feature head (`feature_size` = the target's hidden size) is sized with its projections, and its block
+    after a fully accepted one: k + 1 new positions, each with its feature over PCIe (the worst case)."""
     if bits not in (4, 8):
         raise UserError(f"FPGA weight bits must be 8 or 4, got {bits}")
     card = get_board(board)
-    workload = draft_workload(cfg, bits, group_size)
+    workload = draft_workload(cfg, bits, group_size, feature_size)
     streamed = workload.streamed_weight_bytes()
     design = DesignParams(max_context=max(DesignParams.max_context, context_len + k + 1))
     placement = place(workload, card, design)
     kv = workload.kv_bytes_per_position() * design.max_context
     fits = placement.kv_on_chip and placement.resident_weight_bytes == streamed
-    estimate = model_block(workload, card, design, k, context_len)
+    estimate = model_block(workload, card, design, k, context_len, new_tokens=k + 1 if feature_size else 1)
     hides = None if verify is None else estimate.block_time.value <= verify.value
     src = "dfvg.fpga.board.workload.draft_workload from the draft's shape"
     return DraftSizing(

@@ -43,7 +43,9 @@ class DraftWorkload:
 
     `weight_bits` may be fractional to include quantization scales (int4 with an fp16 scale per 128
     weights = 4.125). `weight_bytes` overrides the bytes streamed per token (calibration against a
-    published design). `bytes_resident_on_chip` overrides the residency policy.
+    published design). `bytes_resident_on_chip` overrides the residency policy. A feature head
+    (`feature_size` H > 0) also runs its projections every token (`feature_params`) and receives each
+    committed position's target feature over PCIe (bf16: 2 H bytes).
     """
 
     num_layers: int
@@ -61,6 +63,7 @@ class DraftWorkload:
     weight_bytes: int | None = None
     bytes_resident_on_chip: int | None = None
     residency: str = "auto"
+    feature_size: int = 0  # a feature head (dfvg.feature_head): the target's hidden size it reads; 0 = none
 
     def __post_init__(self) -> None:
         dims = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
@@ -93,6 +96,11 @@ class DraftWorkload:
         attn = d * (self.num_heads + 2 * self.num_kv_heads) * hd + self.num_heads * hd * d
         return attn + (3 if self.gated_ffn else 2) * d * self.intermediate_size
 
+    def feature_params(self) -> int:
+        """A feature head's projections: fuse [D, H + D] and predict [H, D] (0 for a plain draft)."""
+        h, d = self.feature_size, self.hidden_size
+        return (h + d) * d + d * h if h else 0
+
     def head_params(self) -> int:
         """The LM head [V, D]: read whole every token, tied or not."""
         return self.vocab_size * self.hidden_size
@@ -101,7 +109,7 @@ class DraftWorkload:
         """Weight bytes one token's forward pass reads (layers + head; the embedding is a 1-row lookup)."""
         if self.weight_bytes is not None:
             return self.weight_bytes
-        params = self.num_layers * self.layer_params() + self.head_params()
+        params = self.num_layers * self.layer_params() + self.head_params() + self.feature_params()
         return int(params * self.weight_bits / 8)
 
     def stored_weight_bytes(self) -> int:
@@ -116,7 +124,7 @@ class DraftWorkload:
     def macs_per_token(self, context: int) -> int:
         """GEMV MACs plus attention's QK^T and PV over `context` cached positions."""
         attention = 2 * self.num_layers * self.num_heads * self.head_dim * context
-        return self.num_layers * self.layer_params() + self.head_params() + attention
+        return self.num_layers * self.layer_params() + self.head_params() + self.feature_params() + attention
 
 
 @dataclass(frozen=True)
@@ -271,7 +279,8 @@ def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: 
     compute_s = sum(t[1] for t in terms)
     passes_s = sum(max(t[0], t[1]) for t in terms) + overhead_s * len(passes)
     launch_s = design.launch_overhead_us * 1e-6
-    pcie_bytes = 4 * (new_tokens + k)  # int32 ids in and out
+    feature_bytes = 2 * workload.feature_size * new_tokens  # a feature head: the new positions' bf16 features in
+    pcie_bytes = 4 * (new_tokens + k) + feature_bytes  # + int32 ids in and out
     pcie_s = pcie_time_s(pcie_bytes, design)
     block_s = launch_s + pcie_s + passes_s
     bound = "memory" if terms[-1][0] >= terms[-1][1] else "compute"
@@ -287,7 +296,8 @@ def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: 
         layer_overhead_time=Metric(overhead_s * len(passes), "s", mdl,
                                    f"{cycles:.0f} cycles/layer ({cycles_prov}: {cycles_src})"),
         launch_time=Metric(launch_s, "s", "assumed", "one XRT kernel launch per block"),
-        pcie_time=Metric(pcie_s, "s", mdl, f"2 transfers x {design.pcie_latency_us} us + {pcie_bytes} B"),
+        pcie_time=Metric(pcie_s, "s", mdl, f"2 transfers x {design.pcie_latency_us} us + {pcie_bytes} B"
+                         + (f" ({feature_bytes} B of target features)" if feature_bytes else "")),
         offchip_bytes_per_token=Metric(float(terms[-1][2]), "B", mdl, "weights not on chip + off-chip KV"),
         resident_weight_bytes=Metric(float(placement.resident_weight_bytes), "B", mdl,
                                      f"residency={workload.residency!r} in {placement.on_chip_budget_bytes} B"),

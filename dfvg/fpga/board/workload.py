@@ -57,7 +57,11 @@ def embedding_bytes(cfg: ModelConfig) -> int:
     return cfg.embed_vocab_size * (cfg.hidden_size + ROW_PARAM_BYTES)
 
 
-def draft_workload(cfg: ModelConfig, bits: int = 8, group_size: int = 128) -> DraftWorkload:
-    """The latency model's workload of `cfg` quantized at `bits` (8 or 4): exact artifact bytes, real head rows."""
+def draft_workload(cfg: ModelConfig, bits: int = 8, group_size: int = 128, feature_size: int = 0) -> DraftWorkload:
+    """The latency model's workload of `cfg` quantized at `bits` (8 or 4): exact artifact bytes, real head rows.
+    `feature_size` > 0: a feature head's body, plus its projections (at `bits`, group scales left out: the
+    datapath does not quantize them yet) and its features over PCIe."""
+    projections = DraftWorkload.from_model_config(cfg, feature_size=feature_size).feature_params() * bits // 8
     return DraftWorkload.from_model_config(cfg, weight_bits=float(bits), vocab_size=head_rows(cfg),
-                                           weight_bytes=streamed_bytes(cfg, bits, group_size))
+                                           weight_bytes=streamed_bytes(cfg, bits, group_size) + projections,
+                                           feature_size=feature_size)
