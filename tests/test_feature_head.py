@@ -4,7 +4,7 @@
   well above the untrained head's;
 - decoding with it is lossless (greedy equals plain; sampled runs equal plain's distribution is
   `accept_block`'s, checked elsewhere: here a sampled run must at least use the drafts' probabilities);
-- the replay of its greedy steps (`feature_steps`) equals what `dfvg.generate` does with the real drafter,
+- the replay of its greedy steps (`rollouts`, `feature_steps`) equals what `dfvg.generate` does with the real drafter,
   step for step, and a head that ignores the features replays differently;
 - the CUDA-graph verifier (its CPU replay here) hands out the same features: same steps as the eager one;
 - a drafter that takes over in the middle of a generation (a fallback, a retry) catches up from the
@@ -27,13 +27,13 @@ from dfvg.distill import feature, teacher
 from dfvg.distill.pipeline import run
 from dfvg.engine import Engine, make_drafter
 from dfvg.errors import UserError
-from dfvg.feature_head import FeatureDrafter, is_feature_head, load_feature_head
+from dfvg.feature_head import FeatureDrafter, FeatureHead, is_feature_head, load_feature_head
 from dfvg.generate import HostStep, generate
 from dfvg.parallel import group
 from dfvg.sampling import SamplingParams
 from dfvg.tree import TreeSpec
 from dfvg.verifier import TorchVerifier
-from tests.conftest import EOS_ID
+from tests.conftest import EOS_ID, save_checkpoint
 from tests.test_distill import VOCAB, options
 from tests.test_distill import setup as setup  # noqa: F401  (the tiny peaked target and its prompts)
 
@@ -98,14 +98,52 @@ def test_replayed_steps_equal_real_speculative_steps(head_dir, setup):  # noqa: 
     for prompt, seq in zip(PROMPTS, seqs, strict=True):
         ids, positions, _, _, _ = feature.make_batch([seq], torch.device("cpu"))
         features = feature.target_features(target, ids, positions)[0]
+        drafted, deaf = feature.rollouts(head, features, seq, 4), feature.rollouts(blind, features, seq, 4)
         for k in (2, 4):
             real = generate(verifier, list(prompt), 20, drafter=drafter, draft_length=k).steps
-            replayed = feature.feature_steps(head, features, seq, k, 20)
+            replayed = feature.feature_steps(drafted, seq, k, 20)
             assert [(s.num_drafted, s.num_accepted) for s in real] == \
                 [(s.num_drafted, s.num_accepted) for s in replayed]
-            deaf = feature.feature_steps(blind, features, seq, k, 20)
-            differs |= [s.num_accepted for s in deaf] != [s.num_accepted for s in replayed]
+            differs |= [s.num_accepted for s in feature.feature_steps(deaf, seq, k, 20)] != \
+                [s.num_accepted for s in replayed]
     assert differs  # the replay reads the features (a mutation that drops them is caught)
+
+
+@pytest.fixture(scope="module")
+def random_head(tmp_path_factory):
+    """A random head on a random full-strength target, its attention output scaled up: every draft depends on
+    the features and on which keys each row attends to (the trained pair's peaked target is nearly a bigram
+    model, and a plain random head's attention adds too little to its residual to show a wrong mask)."""
+    root = tmp_path_factory.mktemp("random-head")
+    save_checkpoint(root / "target", "qwen2", seed=1)
+    save_checkpoint(root / "head", "qwen2", seed=2, num_hidden_layers=2, hidden_size=32, intermediate_size=48,
+                    initializer_range=0.05)
+    head = FeatureHead(load_model(root / "head", feature_head_body=True), 64)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for module in (head.fuse, head.predict):
+            torch.nn.init.normal_(module.weight, std=0.3)
+        for layer in head.body.layers:
+            layer.attention.wqkv.weight *= 8  # peaked scores: RoPE positions matter
+            layer.attention.wo.weight *= 20
+    return head, root
+
+
+@pytest.mark.parametrize("pair", ["trained", "random"])
+def test_every_rollout_row_is_the_block_the_drafter_proposes_there(pair, head_dir, setup, random_head):  # noqa: F811
+    head, root = (load_feature_head(head_dir[0]), setup) if pair == "trained" else random_head
+    target = load_model(root / "target")
+    prompt = list(PROMPTS[1]) if pair == "trained" else [5, 17, 33, 8, 2, 41]  # the random pair has 96 ids
+    [seq] = teacher.generate_all(target, [prompt], 12, set(), 8, SamplingParams(), 0, 1, log=lambda line: None)
+    ids, positions, _, _, _ = feature.make_batch([seq], torch.device("cpu"))
+    drafted = feature.rollouts(head, feature.target_features(target, ids, positions)[0], seq, 5)
+    verifier = TorchVerifier(load_model(root / "target"))
+    drafter = FeatureDrafter(head, verifier, verifier.vocab_size)
+    for i in range(len(seq.continuation)):
+        context = seq.prompt + seq.continuation[:i]
+        verifier.prefill(context, 64)
+        drafter.prefill(context, 64)
+        assert drafter.propose(context, 5, SamplingParams(), None).tokens == drafted[i].tolist(), i
 
 
 def test_the_cli_drafts_with_a_feature_head(head_dir, setup):  # noqa: F811

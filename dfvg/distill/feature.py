@@ -2,7 +2,7 @@
 
 What this module owns: `init_projections` (the head's `fuse` and `predict` start from the draft's PCA
 basis of the target), `feature_loss` (the batch loss `dfvg.distill.train.train` runs) and
-`feature_acceptance` (the steps greedy decoding takes with the head, simulated on held-out continuations).
+`feature_acceptance` (the steps greedy decoding takes with the head, replayed on held-out continuations).
 The body, the data, the head vocabulary and the loop are the standalone draft's (pipeline.py).
 
 The loss of a teacher-forced batch (EAGLE's recipe on DFVG's token loss):
@@ -15,12 +15,12 @@ The loss of a teacher-forced batch (EAGLE's recipe on DFVG's token loss):
 The target's features are computed by the frozen target on the same batch at every step (bf16 on a GPU),
 never cached: 3 KB per token at H = 1536.
 
-Why the acceptance is simulated and not teacher forced: the standalone draft's shortcut (evaluate.py)
+Why the acceptance is replayed and not teacher forced: the standalone draft's shortcut (evaluate.py)
 holds because a block's drafts see exactly the teacher-forced prefix. A feature head's drafts after the
-first see f^, not f, so `feature_steps` replays each block as `FeatureDrafter` drafts it: the target's
-features up to the block's start (one teacher-forced target pass gives them all, since greedy output is
-the target's greedy continuation), the head's own predictions inside it. A test checks it step for step
-against `dfvg.generate` with the real drafter.
+first see f^, not f, so `rollouts` drafts each block as `FeatureDrafter` drafts it: the target's features
+up to the block's start (one teacher-forced target pass gives them all, since greedy output is the target's
+greedy continuation), the head's own predictions inside it. `feature_steps` turns those drafts into the
+steps `dfvg.generate` takes; a test checks them step for step against real runs with the drafter.
 """
 
 from __future__ import annotations
@@ -87,37 +87,53 @@ def feature_loss(target: Transformer, in_head: Tensor, unroll: int = UNROLL,
 
 
 @torch.no_grad()
-def feature_steps(head: FeatureHead, features: Tensor, seq: TeacherSequence, k: int,
-                  max_new_tokens: int | None = None) -> list[StepRecord]:
-    """The greedy steps over one continuation: features [len(prompt) + len(continuation) - 1, H] (the target's
-    f_p by position). Mirrors `FeatureDrafter.propose` and `dfvg.generate.decode`'s step lengths."""
-    tokens, prompt_len = seq.prompt + seq.continuation, len(seq.prompt)
+def rollouts(head: FeatureHead, features: Tensor, seq: TeacherSequence, depth: int) -> Tensor:
+    """The head's greedy drafts [len(continuation), depth] of a block starting at each continuation position:
+    row i holds the `depth` drafts `FeatureDrafter.propose` makes after prompt + continuation[:i] (a block of
+    k <= depth drafts makes the first k: the drafts do not depend on k).
+
+    features [L + n - 1, H]: the target's f_p by position (teacher forced). All blocks are drafted at once,
+    one pass per draft depth: pass 0 feeds the whole sequence with the target's features (one cache slot
+    per position); pass j feeds every block's j-th draft in a slot of its own, attending to the positions
+    before its block and to its own earlier drafts (a tree of n chains, `Transformer.forward`'s slots/mask).
+    """
+    tokens, start = seq.prompt + seq.continuation, len(seq.prompt) - 1  # block i's catch-up ends at start + i
+    fed, rows = len(tokens) - 1, len(seq.continuation)
+    device, dtype = head.fuse.weight.device, head.fuse.weight.dtype
+    slots_total = fed + (depth - 1) * rows
+    head.body.max_batch = head.body.max_seq_len = 0
+    head.body.setup_cache(1, slots_total)
+    first = torch.arange(fed, device=device)
+    mask = torch.zeros(1, 1, fed, slots_total, dtype=torch.bool, device=device)
+    mask[0, 0, :, :fed] = first[None, :] <= first[:, None]
+    logits, predicted = head(torch.tensor([tokens[:fed]], device=device), first[None],
+                             shifted(features.to(device, dtype)[None]), first[None], mask)
+    last = first[start: start + rows]  # block i's last true position
+    drafts = [logits[0, last].argmax(-1)]
+    predicted = predicted[0, last]
+    mask = torch.zeros(1, 1, rows, slots_total, dtype=torch.bool, device=device)
+    mask[0, 0, :, :fed] = first[None, :] <= last[:, None]
+    for j in range(1, depth):
+        slots = fed + (j - 1) * rows + torch.arange(rows, device=device)
+        mask[0, 0, torch.arange(rows, device=device), slots] = True  # each block sees its own drafts so far
+        logits, predicted = head(drafts[-1][None], (last + j)[None], predicted[None], slots[None], mask)
+        drafts.append(logits[0].argmax(-1))
+        predicted = predicted[0]
+    return torch.stack(drafts, dim=1).cpu()
+
+
+def feature_steps(drafted: Tensor, seq: TeacherSequence, k: int, max_new_tokens: int | None = None) -> list[StepRecord]:
+    """The greedy steps `dfvg.generate.decode` takes over one continuation with these `rollouts`."""
     total = len(seq.continuation) if max_new_tokens is None else max_new_tokens
-    device = head.fuse.weight.device
-    true_inputs = shifted(features.to(device, head.fuse.weight.dtype)[None])[0]  # row p: f_{p-1}
-    head.body.setup_cache(1, len(tokens) + k + 1)
-
-    def feed(ids: list[int], start: int, inputs: Tensor) -> tuple[Tensor, Tensor]:
-        positions = torch.arange(start, start + len(ids), device=device)[None]
-        logits, predicted = head(torch.tensor([ids], device=device), positions, inputs[None])
-        return logits[0, -1], predicted[0, -1]
-
-    if prompt_len > 1:
-        feed(tokens[: prompt_len - 1], 0, true_inputs[: prompt_len - 1])
-    steps, n, true_len = [], prompt_len, prompt_len - 1
-    while n - prompt_len < len(seq.continuation):
-        step_k = step_length(k, n - prompt_len, total)
-        logits, predicted = feed(tokens[true_len:n], true_len, true_inputs[true_len:n])
-        true_len, accepted = n, 0
-        for i in range(step_k):
-            draft = int(logits.argmax())
-            if n + i >= len(tokens) or draft != tokens[n + i]:
-                break
+    steps, i = [], 0
+    while i < len(seq.continuation):
+        step_k = step_length(k, i, total)
+        accepted = 0
+        while accepted < step_k and i + accepted < len(seq.continuation) and \
+                int(drafted[i, accepted]) == seq.continuation[i + accepted]:
             accepted += 1
-            if i < step_k - 1:
-                logits, predicted = feed([draft], n + i, predicted[None])
         steps.append(StepRecord(step_k, accepted))
-        n += accepted + 1
+        i += accepted + 1
     return steps
 
 
@@ -132,7 +148,7 @@ def feature_acceptance(head: FeatureHead, target: Transformer, sequences: list[T
         ids, positions, _, _, _ = make_batch(chunk, device)
         features = target_features(target, ids, positions)
         for row, seq in enumerate(chunk):
-            fed = len(seq.prompt) + len(seq.continuation) - 1
+            drafted = rollouts(head, features[row, : len(seq.prompt) + len(seq.continuation) - 1], seq, max(ks))
             for k in ks:
-                steps[k] += feature_steps(head, features[row, :fed], seq, k, max_new_tokens)
+                steps[k] += feature_steps(drafted, seq, k, max_new_tokens)
     return steps_table(steps)
