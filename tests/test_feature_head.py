@@ -21,6 +21,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from dfvg.checkpoint import load_model
 from dfvg.distill import feature, teacher
@@ -228,3 +229,20 @@ def test_the_graph_verifier_gives_the_eager_verifiers_features(head_dir, setup):
         engine = Engine(graph)
         assert engine.decode(graph_drafter, list(prompt), 24, k=3).tokens == want.tokens
     assert sum(s.num_accepted for s in got.steps) > 0
+
+
+def test_a_feature_head_run_stopped_and_resumed_equals_one_run(setup):  # noqa: F811
+    """Two leases of --feature-head training (stop, then --resume) export the head of one run; a plain
+    draft's checkpoint is not taken for a head's."""
+    ckpt = setup / "ckpt-head"
+    first = run(options(setup, "head-leased", feature_head=True, steps=12, checkpoint_dir=str(ckpt), stop_after=7),
+                log=lambda line: None)
+    assert first["finished"] is False and first["step"] == 7
+    with pytest.raises(UserError, match="draft shape differs from the checkpoint"):
+        run(options(setup, "plain-on-head", steps=12, resume=str(ckpt)), log=lambda line: None)
+    run(options(setup, "head-leased", feature_head=True, steps=12, resume=str(ckpt)), log=lambda line: None)
+    whole = run(options(setup, "head-whole", feature_head=True, steps=12), log=lambda line: None)
+    for name in ("model.safetensors", "feature_head.safetensors"):
+        a, b = (load_file(str(setup / run_dir / name)) for run_dir in ("head-leased", "head-whole"))
+        assert all(torch.equal(a[n], b[n]) for n in a)
+    assert json.loads((setup / "head-leased" / "distill_recipe.json").read_text())["losses"] == whole["losses"]
