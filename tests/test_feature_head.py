@@ -240,6 +240,11 @@ def test_a_feature_head_run_stopped_and_resumed_equals_one_run(setup):  # noqa: 
     assert first["finished"] is False and first["step"] == 7
     with pytest.raises(UserError, match="draft shape differs from the checkpoint"):
         run(options(setup, "plain-on-head", steps=12, resume=str(ckpt)), log=lambda line: None)
+    with pytest.raises(UserError, match="trained with feature_unroll=2, this run has feature_unroll=3"):
+        run(options(setup, "other-loss", feature_head=True, feature_unroll=3, steps=12, resume=str(ckpt)),
+            log=lambda line: None)
+    with pytest.raises(UserError, match="--feature-unroll >= 1"):
+        run(options(setup, "bad", feature_head=True, feature_unroll=0), log=lambda line: None)
     run(options(setup, "head-leased", feature_head=True, steps=12, resume=str(ckpt)), log=lambda line: None)
     whole = run(options(setup, "head-whole", feature_head=True, steps=12), log=lambda line: None)
     for name in ("model.safetensors", "feature_head.safetensors"):

@@ -73,6 +73,8 @@ class DistillOptions:
     time_budget: float = 0.0  # seconds of training this run may take, then checkpoint and stop (0 = no limit)
     resume: str = ""
     feature_head: bool = False  # an EAGLE-style head reading the target's features (dfvg.feature_head)
+    feature_unroll: int = feature.UNROLL  # its loss: passes (the first reads the target's features) ...
+    feature_weight: float = feature.FEATURE_WEIGHT  # ... and the weight of its feature regression
 
     def check(self) -> None:
         if self.vocab_top < 0 or self.teacher_top_k < 1 or self.max_new_tokens < 2 or self.max_prompt_tokens < 1:
@@ -92,6 +94,9 @@ class DistillOptions:
             raise UserError(f"--sample-temperature must be > 0 (extra continuations are sampled), "
                             f"got {self.sample_temperature}")
         train.TrainParams(self.steps, self.batch_size, self.lr, seed=self.seed).check()
+        if self.feature_unroll < 1 or not self.feature_weight >= 0:
+            raise UserError(f"need --feature-unroll >= 1 and --feature-weight >= 0, got {self.feature_unroll} / "
+                            f"{self.feature_weight}")
         self.checkpointing().check()
         self.shape()
 
@@ -217,7 +222,7 @@ def as_feature_head(opts: DistillOptions, body, basis, in_head, device) -> tuple
     target = load_model(opts.target, dtype=getattr(torch, teacher_dtype(opts)), device=device)
     head = FeatureHead(body, target.config.hidden_size)
     feature.init_projections(head, basis, opts.seed)
-    return head, target, feature.feature_loss(target, in_head)
+    return head, target, feature.feature_loss(target, in_head, opts.feature_unroll, opts.feature_weight)
 
 
 def feature_head_report(head: FeatureHead) -> dict:
@@ -250,7 +255,10 @@ def run(opts: DistillOptions, log=print) -> dict:
     model.to(device)
     before = acceptance(model, val_seqs, opts, target)
     params = train.TrainParams(opts.steps, opts.batch_size, opts.lr, warmup=max(1, opts.steps // 20), seed=opts.seed)
-    state = train.train(model, train_seqs, params, in_head, device, log, ckpt=opts.checkpointing(), loss=loss)
+    settings = {"feature_unroll": opts.feature_unroll, "feature_weight": opts.feature_weight} if opts.feature_head \
+        else {}
+    state = train.train(model, train_seqs, params, in_head, device, log, ckpt=opts.checkpointing(), loss=loss,
+                        loss_settings=settings)
     splits = {"train_prompts": [p.key for p in train_prompts], "validation_prompts": [p.key for p in val_prompts],
               "test_prompts": [p.key for p in test_prompts]}
     if state.step < opts.steps:

@@ -159,10 +159,12 @@ def token_loss(in_head: Tensor) -> BatchLoss:
 
 def train(model: torch.nn.Module, data: list[TeacherSequence], params: TrainParams, in_head: Tensor,
           device: torch.device, log=print, log_every: int = 10,
-          ckpt: resume.Checkpointing | None = None, loss: BatchLoss | None = None) -> resume.TrainState:
+          ckpt: resume.Checkpointing | None = None, loss: BatchLoss | None = None,
+          loss_settings: dict | None = None) -> resume.TrainState:
     """Seeded AdamW over shuffled epochs of `data`, from `ckpt.resume` when given; returns the state
     (the loss of every step so far; `step < params.steps` when this run stopped early to be resumed).
-    `loss`: the batch loss (default: `token_loss`; a feature head brings its own, dfvg.distill.feature)."""
+    `loss`: the batch loss (default: `token_loss`; a feature head brings its own, dfvg.distill.feature), and
+    `loss_settings` its knobs, which a resumed run must share like the training parameters."""
     params.check()
     ckpt = ckpt or resume.Checkpointing()
     ckpt.check()
@@ -174,7 +176,7 @@ def train(model: torch.nn.Module, data: list[TeacherSequence], params: TrainPara
     other = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": params.weight_decay},
                                    {"params": other, "weight_decay": 0.0}], lr=params.lr, betas=(0.9, 0.95))
-    run = resume.fingerprint(asdict(params), data, model)
+    run = resume.fingerprint({**asdict(params), **(loss_settings or {})}, data, model)
     state = resume.TrainState()
     if ckpt.resume is not None:
         state = resume.load(ckpt.resume, model, optimizer, generator, run)
