@@ -16,6 +16,7 @@ import torch
 from benchmarks.gpu_speed import KERNELS, cuda_median_ms, save, sync, timed_runs
 from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
+from dfvg.feature_head import FeatureDrafter
 from dfvg.generate import generate
 from dfvg.gpu.graph_drafter import GraphDrafter, draft_graph
 from dfvg.gpu.graphs import GraphVerifier, token_graph
@@ -146,6 +147,11 @@ def phase_dfvg(args, models) -> dict:
         runs.update(tree_runs(args, prompts, verifier, small, "dfvg_distilled_tree"))
         if dev.startswith("cuda"):
             runs["step_times_distilled"] = step_times(verifier, small, ks(args))
+    if "feature_head" in models:  # after every other row on this verifier: a head turns its feature writes on
+        head = FeatureDrafter(models["feature_head"], verifier, verifier.vocab_size)
+        for k in ks(args):
+            runs[f"dfvg_feature_k{k}"] = timed_runs(f"dfvg spec feature-head k={k}", prompts,
+                                                    dfvg_runner(verifier, head, k, n), dev)
     for other in (kind for kind in KERNELS if kind != args.kernels and not args.one_kernel):
         other_verifier, _ = graph_pair(args, models, other)
         runs[f"dfvg_{other}_plain"] = timed_runs(f"dfvg plain ({other})", prompts,

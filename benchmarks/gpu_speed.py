@@ -87,6 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="what DFVG's graphs replay: fused Triton layers, compiled blocks, or eager kernels")
     p.add_argument("--distilled-draft", default=str(SHIPPED_DRAFT),
                    help="FPGA-sized distilled draft: extra GPU-draft rows, and the FPGA phase's draft ('' = none)")
+    p.add_argument("--feature-head", default="",
+                   help="a feature head's folder (distill_draft.py --feature-head): dfvg_feature_k* rows ('' = none)")
     p.add_argument("--tuned", default=None, help="tuned.json of benchmarks/gpu_rows.py --sweep: fused block sizes")
     p.add_argument("--skip-draft", action="store_true",
                    help="no 0.5B draft (its GGUF is not on the machine): target, distilled and FPGA rows only")
@@ -218,6 +220,12 @@ def load_models(args) -> dict:
         from dfvg.checkpoint import load_model
 
         models["distilled"] = load_model(args.distilled_draft, torch.bfloat16, args.device).eval()
+    if args.feature_head:
+        from dfvg.feature_head import load_feature_head
+
+        target_cfg = models["target"].config
+        models["feature_head"] = load_feature_head(args.feature_head, models["target"].norm.weight.dtype, args.device,
+                                                   target_cfg.hidden_size)
     return models
 
 

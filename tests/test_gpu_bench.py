@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +95,18 @@ def test_hf_assist_runners_of_several_k_each_draft_their_own_k():
     assert seen == [(2, 2), (8, 8), (2, 2)]
 
 
+def random_feature_head(directory: Path, target_hidden: int, vocab: int) -> Path:
+    """A random feature head folder for a target `target_hidden` wide over `vocab` ids."""
+    from dfvg.checkpoint import load_model
+    from dfvg.feature_head import FeatureHead, save_head_parts
+    from tests.conftest import save_checkpoint
+
+    save_checkpoint(directory, "qwen2", seed=4, vocab_size=vocab, hidden_size=64, num_hidden_layers=1,
+                    intermediate_size=96)
+    save_head_parts(FeatureHead(load_model(directory, feature_head_body=True), target_hidden), directory)
+    return directory
+
+
 def test_tiny_benchmark_applies_the_sweeps_block_sizes_and_runs_every_kernel_choice(tmp_path):
     """gpu_speed.py end to end on the tiny CPU pair: --tuned lands in block_sizes.TUNED and in every phase file;
     the dfvg phase has a row per kernel choice and the FPGA phase its sync and overlap rows."""
@@ -103,16 +116,18 @@ def test_tiny_benchmark_applies_the_sweeps_block_sizes_and_runs_every_kernel_cho
     tuned = tmp_path / "tuned.json"
     tuned.write_text(json.dumps([[123, 456, {"BN": 16, "BK": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}]]))
     before = dict(block_sizes.TUNED)
+    head = random_feature_head(tmp_path / "head", target_hidden=128, vocab=512)
     try:
         main(["--tiny", "--device", "cpu", "--tuned", str(tuned), "--phases", "dfvg,fpga", "--ks", "2",
               "--fpga-ks", "2", "--max-new-tokens", "6", "--prompts", "2", "--results", str(tmp_path / "res"),
-              "--work-dir", str(tmp_path / "w")])
+              "--work-dir", str(tmp_path / "w"), "--feature-head", str(head)])
         assert block_sizes.TUNED[(123, 456)]["BN"] == 16
     finally:
         block_sizes.TUNED.clear()
         block_sizes.TUNED.update(before)
     dfvg = json.loads((tmp_path / "res" / "dfvg.json").read_text())
     assert {"dfvg_plain", "dfvg_spec_k2", "dfvg_compiled_plain", "dfvg_eager_plain"} <= set(dfvg)
+    assert dfvg["dfvg_feature_k2"]["tokens"] == dfvg["dfvg_plain"]["tokens"]  # the head's row, lossless
     for tree in ("dfvg_tree_2-2-1-1", "dfvg_tree_4-2-1-1", "dfvg_tree_dynamic16"):  # --trees' default shapes
         assert dfvg[tree]["tokens"] == dfvg["dfvg_plain"]["tokens"]
         assert dfvg[tree]["stats"][0]["num_draft_tokens"] > dfvg["dfvg_spec_k2"]["stats"][0]["num_draft_tokens"]
