@@ -45,6 +45,7 @@ stage_prompts() {  # CPU side: the built-in sets as files (same prompt keys, hen
     # judge it only on records past the first 5,000, which it never saw.
     python scripts/prepare_dataset.py --input sharegpt --output "$PROMPT_DIR/sharegpt.jsonl"
     python scripts/prepare_dataset.py --input sharegpt-code --output "$PROMPT_DIR/sharegpt-code.jsonl"
+    python scripts/prepare_dataset.py --input pystdlib --output "$PROMPT_DIR/pystdlib.jsonl"  # this Python's library
 }
 
 stage_prepare() {

