@@ -147,11 +147,15 @@ def phase_dfvg(args, models) -> dict:
         runs.update(tree_runs(args, prompts, verifier, small, "dfvg_distilled_tree"))
         if dev.startswith("cuda"):
             runs["step_times_distilled"] = step_times(verifier, small, ks(args))
-    if "feature_head" in models:  # after every other row on this verifier: a head turns its feature writes on
-        head = FeatureDrafter(models["feature_head"], verifier, verifier.vocab_size)
+    if "feature_head" in models:  # a target verifier of its own: a head turns feature writes on, and the
+        # shared one also serves the other rows and phases of this process
+        head_verifier = GraphVerifier(models["target"], compile_blocks=args.kernels == "compiled",
+                                      fused_layers=args.kernels == "fused", cache_len=cache_len(models, args))
+        head = FeatureDrafter(models["feature_head"], head_verifier, head_verifier.vocab_size)
+        head_verifier.prepare(max(ks(args)) + 1)  # every verify length, before the timed prompts
         for k in ks(args):
             runs[f"dfvg_feature_k{k}"] = timed_runs(f"dfvg spec feature-head k={k}", prompts,
-                                                    dfvg_runner(verifier, head, k, n), dev)
+                                                    dfvg_runner(head_verifier, head, k, n), dev)
     for other in (kind for kind in KERNELS if kind != args.kernels and not args.one_kernel):
         other_verifier, _ = graph_pair(args, models, other)
         runs[f"dfvg_{other}_plain"] = timed_runs(f"dfvg plain ({other})", prompts,

@@ -198,10 +198,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.report:
         print(json.dumps(report(Path(args.report), args.allreduce_us)))
         return
+    completed = False
     try:
         row = measure(args)
+        completed = True
     finally:
-        group.stop()
+        group.stop(completed)
     if group.leads():
         print(f"{row['label']} TP {row['tensor_parallel']} ({row['weights']}, {row['dtype']}, {row['device']}): "
               f"decode {row['decode_ms']:.3f} ms/token, verify (k={args.k}) {row['verify_ms']:.3f} ms/step, "
@@ -210,6 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(row, indent=2))
         print(json.dumps(row))
+    group.leave_process(0)  # a torchrun worker ends as `dfvg` does (the exit path's teardown abort never runs)
 
 
 if __name__ == "__main__":

