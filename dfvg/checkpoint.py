@@ -282,6 +282,11 @@ def resolve_dtype(name: str) -> torch.dtype:
 FEATURE_HEAD_FILE = "feature_head.json"  # marks a feature head's folder (dfvg.feature_head)
 
 
+def is_feature_head(path: str | Path) -> bool:
+    """Whether a draft folder holds a feature head (which loads and drafts differently from a plain draft)."""
+    return (Path(path) / FEATURE_HEAD_FILE).is_file()
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
                feature_head_body: bool = False) -> Transformer:
     """A ready-to-run Transformer from a checkpoint directory, in eval mode on `device`.
@@ -289,7 +294,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     A feature head's folder holds an ordinary draft checkpoint (its body), but the body alone drafts
     nonsense: it is refused unless `feature_head_body` (dfvg.feature_head loads it so)."""
     directory = checkpoint_dir(path)
-    if not feature_head_body and (directory / FEATURE_HEAD_FILE).is_file():
+    if not feature_head_body and is_feature_head(directory):
         raise UserError(f"{directory} is a feature head (it drafts from the target's hidden states), which this "
                         "tool cannot run as a standalone draft; use it with dfvg generate --draft")
     cfg = load_config(directory)

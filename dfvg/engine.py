@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-from dfvg.checkpoint import load_model
+from dfvg.checkpoint import is_feature_head, load_model
 from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import Drafter, TorchDrafter
 from dfvg.errors import UserError
 from dfvg.fallback import FaultInjection, FaultPolicy, GuardedDrafter, Slot
-from dfvg.feature_head import FeatureDrafter, feature_drafter, is_feature_head
+from dfvg.feature_head import FeatureDrafter, feature_drafter
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
@@ -81,14 +81,14 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
 
     Under tensor parallelism the ranks other than 0 load nothing and receive rank 0's drafts, and rank 0's draft
     runs eagerly: a graph capture on rank 0 alone would put its warm-up out of step with the other ranks."""
-    tp = current()
-    if tp is not None and is_feature_head(draft_dir):  # every rank refuses alike (none waits on a broadcast)
+    tp, head = current(), is_feature_head(draft_dir)
+    if tp is not None and head:  # every rank refuses alike (none waits on a broadcast)
         raise UserError(f"{draft_dir} is a feature head, which does not run under tensor parallelism yet; "
                         "drop --tensor-parallel or use a standalone draft")
     if tp is not None and not tp.leads:
         return ReceivedDrafts(tp)
     fast = fast and tp is None
-    if is_feature_head(draft_dir):
+    if head:
         return feature_drafter(draft_dir, device, dtype, verifier)
     if device == "fpga":
         return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=target_vocab_size, **fpga_options)

@@ -14,7 +14,8 @@ yet, so from the second draft on the head reads its own f^ in place of f.
 
 Folder: the body is an ordinary draft checkpoint (config.json, model.safetensors, tokenizer files); the
 head adds `feature_head.json` ({"format": 1, "target_hidden_size": H}) and `feature_head.safetensors`
-(`fuse.weight` [d, H + d], `predict.weight` [H, d]). `is_feature_head` tells the two kinds apart.
+(`fuse.weight` [d, H + d], `predict.weight` [H, d]). `dfvg.checkpoint.is_feature_head` tells the two
+kinds apart.
 
 `FeatureDrafter` is its `Drafter`: it reads the features of every committed position from the verifier
 (`TorchVerifier.keep_features`), which writes them by position on every pass.
@@ -38,7 +39,7 @@ from dfvg.errors import UserError
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
 
-HEAD_FILE, WEIGHTS_FILE, FORMAT = FEATURE_HEAD_FILE, "feature_head.safetensors", 1
+WEIGHTS_FILE, FORMAT = "feature_head.safetensors", 1
 
 
 class FeatureHead(nn.Module):
@@ -64,18 +65,13 @@ class FeatureHead(nn.Module):
         return self.body.logits(hidden), self.predict(hidden)
 
 
-def is_feature_head(path: str | Path) -> bool:
-    """Whether a draft folder holds a feature head (which loads and drafts differently from a plain draft)."""
-    return (Path(path) / HEAD_FILE).is_file()
-
-
 def load_feature_head(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                       target_hidden_size: int | None = None) -> FeatureHead:
     """A ready-to-run head from its folder, in eval mode; `target_hidden_size` (the target's) is checked."""
     directory = checkpoint_dir(path)
-    meta = read_json(directory / HEAD_FILE, HEAD_FILE)
+    meta = read_json(directory / FEATURE_HEAD_FILE, FEATURE_HEAD_FILE)
     if meta.get("format") != FORMAT or not isinstance(meta.get("target_hidden_size"), int):
-        raise UserError(f"{directory / HEAD_FILE} is not a DFVG feature head of format {FORMAT} "
+        raise UserError(f"{directory / FEATURE_HEAD_FILE} is not a DFVG feature head of format {FORMAT} "
                         f"(it needs \"format\": {FORMAT} and an integer \"target_hidden_size\"); export it again")
     if target_hidden_size is not None and meta["target_hidden_size"] != target_hidden_size:
         raise UserError(f"the feature head {directory} reads features {meta['target_hidden_size']} wide, but the "
@@ -111,7 +107,8 @@ def save_head_parts(head: FeatureHead, directory: Path, dtype: torch.dtype = tor
     tensors = {"fuse.weight": head.fuse.weight, "predict.weight": head.predict.weight}
     save_file({n: t.detach().to(dtype).cpu().contiguous() for n, t in tensors.items()}, str(directory / WEIGHTS_FILE),
               metadata={"format": "pt"})
-    (directory / HEAD_FILE).write_text(json.dumps({"format": FORMAT, "target_hidden_size": head.target_hidden_size}))
+    meta = {"format": FORMAT, "target_hidden_size": head.target_hidden_size}
+    (directory / FEATURE_HEAD_FILE).write_text(json.dumps(meta))
 
 
 class FeatureDrafter:

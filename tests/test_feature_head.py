@@ -23,12 +23,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dfvg.checkpoint import load_model
+from dfvg.checkpoint import is_feature_head, load_model
 from dfvg.distill import feature, teacher
 from dfvg.distill.pipeline import run
 from dfvg.engine import Engine, make_drafter
 from dfvg.errors import UserError
-from dfvg.feature_head import FeatureDrafter, FeatureHead, is_feature_head, load_feature_head
+from dfvg.feature_head import FeatureDrafter, FeatureHead, load_feature_head
 from dfvg.generate import HostStep, generate
 from dfvg.parallel import group
 from dfvg.sampling import SamplingParams

@@ -13,12 +13,11 @@ from typing import Any
 
 import torch
 
-from dfvg.checkpoint import load_config, resolve_dtype
+from dfvg.checkpoint import is_feature_head, load_config, resolve_dtype
 from dfvg.datasets import load_prompts
 from dfvg.devices import resolve_device
 from dfvg.energy import Nvml
 from dfvg.engine import Engine, load_verifier, make_drafter
-from dfvg.feature_head import is_feature_head
 from dfvg.fpga.board.boards import get_board
 from dfvg.fpga.board.latency import DesignParams
 from dfvg.fpga.board.workload import draft_workload
@@ -77,11 +76,12 @@ def load_prompts_ids(cfg: ExperimentConfig, tokenizer: Any) -> list[dict]:
 def load_fpga(cfg: ExperimentConfig, ctx: Context, dtype: torch.dtype, options: dict) -> None:
     """The FPGA drafter (when a variant drafts on it), its board and the resource-estimate inputs (none for a
     feature head, which the datapath does not implement: an fpga variant is refused by `make_drafter`)."""
-    if is_feature_head(cfg.draft_model) and not any(p.drafter == "fpga" for p in plans(cfg)):
+    drafts_on_fpga = any(p.drafter == "fpga" for p in plans(cfg))
+    if is_feature_head(cfg.draft_model) and not drafts_on_fpga:
         return
     draft_cfg = load_config(cfg.draft_model)
     board_name = options.pop("board", "u280")
-    if any(p.drafter == "fpga" for p in plans(cfg)):
+    if drafts_on_fpga:
         ctx.fpga_drafter = make_drafter(cfg.draft_model, "fpga", dtype, ctx.engine.verifier.vocab_size,
                                         board=board_name, **options)
     drafter = ctx.fpga_drafter

@@ -15,6 +15,8 @@ Does not own: the time model (`latency.py`) or the board facts (`boards.py`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dfvg.fpga.board.latency import DraftWorkload
 from dfvg.model import ModelConfig
 
@@ -61,7 +63,7 @@ def draft_workload(cfg: ModelConfig, bits: int = 8, group_size: int = 128, featu
     """The latency model's workload of `cfg` quantized at `bits` (8 or 4): exact artifact bytes, real head rows.
     `feature_size` > 0: a feature head's body, plus its projections (at `bits`, group scales left out: the
     datapath does not quantize them yet) and its features over PCIe."""
-    projections = DraftWorkload.from_model_config(cfg, feature_size=feature_size).feature_params() * bits // 8
-    return DraftWorkload.from_model_config(cfg, weight_bits=float(bits), vocab_size=head_rows(cfg),
-                                           weight_bytes=streamed_bytes(cfg, bits, group_size) + projections,
-                                           feature_size=feature_size)
+    workload = DraftWorkload.from_model_config(cfg, weight_bits=float(bits), vocab_size=head_rows(cfg),
+                                               feature_size=feature_size)
+    projections = workload.feature_params() * bits // 8
+    return replace(workload, weight_bytes=streamed_bytes(cfg, bits, group_size) + projections)
