@@ -31,11 +31,13 @@ TEACHER_BATCH=${TEACHER_BATCH:-128}             # continuations generated at onc
 BATCH_SIZE=${BATCH_SIZE:-32}                    # training sequences per step
 FEATURE_HEAD=${FEATURE_HEAD:-0}                 # 1: feature heads (--feature-head, docs/distill.md), named ...-fh;
                                                 # their acceptance is the train log's last line (eval loads plain drafts)
+INIT_FROM=${INIT_FROM-}                         # train: start from this standalone draft (--init-from)
+SUFFIX=${SUFFIX-}                               # appended to the run names (e.g. -more: a control run)
 COMMON=(--target "$TARGET" --device "$DEVICE" --prompts "$PROMPTS" --teacher-cache "$RESULTS/teacher"
         --val-fraction 0.1 --test-fraction 0.25 --max-prompt-tokens 256 --max-new-tokens 128 --teacher-top-k 32
         --teacher-batch "$TEACHER_BATCH" --teacher-dtype bfloat16 --seed 0 --eval-k 2,4,6,8)
 
-name_of() { IFS=: read -r l d v <<<"$1"; echo "l${l}-d${d}-v${v}$([ "$FEATURE_HEAD" = 1 ] && echo -fh)"; }
+name_of() { IFS=: read -r l d v <<<"$1"; echo "l${l}-d${d}-v${v}$([ "$FEATURE_HEAD" = 1 ] && echo -fh)$SUFFIX"; }
 
 stage_prompts() {  # CPU side: the built-in sets as files (same prompt keys, hence the same split)
     python scripts/prepare_dataset.py --input humaneval --output "$PROMPT_DIR/humaneval.jsonl"
@@ -66,12 +68,13 @@ stage_teacher() {  # a 1-step throwaway run fills the teacher cache (train, vali
 stage_train() {  # resumable: run it again in the next lease until the log's last line has acceptance_test
     for shape in $SHAPES; do
         IFS=: read -r l d v <<<"$shape"
-        local ckpt="$RESULTS/ckpt-$(name_of "$shape")" resume=() head=()
+        local ckpt="$RESULTS/ckpt-$(name_of "$shape")" resume=() head=() init=()
         [ -f "$ckpt/checkpoint.json" ] && resume=(--resume "$ckpt")
         [ "$FEATURE_HEAD" = 1 ] && head=(--feature-head)
+        [ -n "$INIT_FROM" ] && init=(--init-from "$INIT_FROM")
         python scripts/distill_draft.py "${COMMON[@]}" --output "$RESULTS/$(name_of "$shape")" --layers "$l" \
             --hidden "$d" --vocab-top "$v" --steps "$STEPS" --batch-size "$BATCH_SIZE" --lr 1e-3 --init target-pca \
-            --checkpoint-dir "$ckpt" --checkpoint-every 200 --time-budget "${TIME_BUDGET:-420}" "${resume[@]}" "${head[@]}" \
+            --checkpoint-dir "$ckpt" --checkpoint-every 200 --time-budget "${TIME_BUDGET:-420}" "${resume[@]}" "${head[@]}" "${init[@]}" \
             | tee -a "$RESULTS/$(name_of "$shape").log"
     done
 }

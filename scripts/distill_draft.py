@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None) -> DistillOptions:
                    help="feature head: loss passes (the first reads the target's features, the others the head's own)")
     p.add_argument("--feature-weight", type=float, default=1.0, help="feature head: weight of the feature regression")
     p.add_argument("--init", default="target-pca", help="target-pca or random")
+    p.add_argument("--init-from", default="",
+                   help="start from this standalone draft (same shape and training prompts): a feature head "
+                        "begins as exactly that draft, a draft trains on")
     p.add_argument("--eval-k", default="2,4,6,8", help="draft lengths measured on the held-out prompts")
     p.add_argument("--board", default="u280")
     p.add_argument("--verify-ms", type=float, help="a target verify time to compare the modeled block with")
@@ -93,8 +96,8 @@ def parse_args(argv: list[str] | None) -> DistillOptions:
         teacher_batch=a.teacher_batch, teacher_dtype=a.teacher_dtype,
         teacher_cache=a.teacher_cache, checkpoint_dir=a.checkpoint_dir,
         checkpoint_every=a.checkpoint_every, stop_after=a.stop_after, time_budget=a.time_budget, resume=a.resume,
-        init=a.init, eval_ks=ks, board=a.board, verify_ms=a.verify_ms, feature_head=a.feature_head,
-        feature_unroll=a.feature_unroll, feature_weight=a.feature_weight)
+        init=a.init, init_from=a.init_from, eval_ks=ks, board=a.board, verify_ms=a.verify_ms,
+        feature_head=a.feature_head, feature_unroll=a.feature_unroll, feature_weight=a.feature_weight)
 
 
 def main(argv: list[str] | None = None) -> int:

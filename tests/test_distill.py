@@ -98,6 +98,23 @@ def test_three_splits_are_disjoint_recorded_and_old_held_out_never_trained(disti
     assert recipe["options"]["seed"] == 0 and set(recipe["acceptance_test"]) == {"2", "4"}
 
 
+def test_test_acceptance_by_prompt_source(setup):
+    """Two prompt files: the test split is also reported per source, each table over that source's test
+    prompts alone, and the sources' steps add up to the whole table's."""
+    lines = (setup / "prompts.jsonl").read_text().splitlines()
+    (setup / "alpha.jsonl").write_text("\n".join(lines[:120]))
+    (setup / "beta.jsonl").write_text("\n".join(lines[120:]))
+    summary = run(options(setup, "draft-by-source", prompts=f"{setup / 'alpha.jsonl'},{setup / 'beta.jsonl'}",
+                          steps=2), log=lambda line: None)
+    by_source, whole = summary["acceptance_test_by_source"], summary["acceptance_test"]
+    assert set(by_source) == {"alpha", "beta"}
+    for k in (2, 4):
+        assert sum(t[k]["num_verify_steps"] for t in by_source.values()) == whole[k]["num_verify_steps"]
+        assert by_source["alpha"][k]["num_verify_steps"] != whole[k]["num_verify_steps"]
+    counts = {n: sum(key.startswith(n + "/") for key in summary["test_prompts"]) for n in by_source}
+    assert min(counts.values()) > 0 and sum(counts.values()) == len(summary["test_prompts"])
+
+
 def test_extra_samples_per_training_prompt(setup):
     """`source*3`: two more sampled continuations per training prompt, none for held-out prompts."""
     cache = setup / "teacher-x3"

@@ -36,6 +36,7 @@ from dfvg.tree import TreeSpec
 from dfvg.verifier import TorchVerifier
 from tests.conftest import EOS_ID, save_checkpoint
 from tests.test_distill import VOCAB, options
+from tests.test_distill import distilled as distilled  # noqa: F401  (a standalone draft of the same data)
 from tests.test_distill import setup as setup  # noqa: F401  (the tiny peaked target and its prompts)
 
 PROMPTS = ([5, 17, 99], [150, 3, 42, 42, 7, 60], [9])
@@ -251,3 +252,20 @@ def test_a_feature_head_run_stopped_and_resumed_equals_one_run(setup):  # noqa: 
         a, b = (load_file(str(setup / run_dir / name)) for run_dir in ("head-leased", "head-whole"))
         assert all(torch.equal(a[n], b[n]) for n in a)
     assert json.loads((setup / "head-leased" / "distill_recipe.json").read_text())["losses"] == whole["losses"]
+
+
+def test_a_head_started_from_a_draft_begins_as_that_draft(setup, distilled):  # noqa: F811
+    """--init-from: with fuse's feature half zero the untrained head drafts exactly what the standalone draft
+    drafts (its replayed validation steps equal the draft's teacher-forced ones); another shape is refused."""
+    draft_dir, draft_summary = distilled
+    head = run(options(setup, "head-from-draft", feature_head=True, steps=1, init_from=str(draft_dir)),
+               log=lambda line: None)
+    for k in (2, 4):
+        started, draft = head["acceptance_before"][k], draft_summary["acceptance_after"][k]
+        assert started["num_verify_steps"] == draft["num_verify_steps"]
+        assert started["per_position_acceptance"] == draft["per_position_acceptance"]
+    assert draft_summary["acceptance_after"][4]["acceptance_rate"] > 0.15  # a draft that drafts something
+    assert len(head["init_from_sha256"]) == 64
+    with pytest.raises(UserError, match="its shape differs from this run's draft"):
+        run(options(setup, "other-shape", feature_head=True, hidden=16, init_from=str(draft_dir)),
+            log=lambda line: None)

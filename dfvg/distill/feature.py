@@ -2,7 +2,7 @@
 
 What this module owns: `init_projections` (the head's `fuse` and `predict` start from the draft's PCA
 basis of the target), `feature_loss` (the batch loss `dfvg.distill.train.train` runs) and
-`feature_acceptance` (the steps greedy decoding takes with the head, replayed on held-out continuations).
+`sequence_steps` (the steps greedy decoding takes with the head, replayed on held-out continuations).
 The body, the data, the head vocabulary and the loop are the standalone draft's (pipeline.py).
 
 The loss of a teacher-forced batch (EAGLE's recipe on DFVG's token loss):
@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dfvg.distill.evaluate import steps_table
 from dfvg.distill.teacher import TeacherSequence
 from dfvg.distill.train import BatchLoss, distill_loss, make_batch
 from dfvg.feature_head import FeatureHead
@@ -42,15 +41,16 @@ UNROLL = 2
 
 
 @torch.no_grad()
-def init_projections(head: FeatureHead, basis: Tensor | None, seed: int) -> None:
+def init_projections(head: FeatureHead, basis: Tensor | None, seed: int, feature_in: bool = True) -> None:
     """`fuse` = [basis^T | identity]: the embedding passes through as in a standalone draft, the feature lands
     on the directions the body's embedding was projected on; `predict` = basis. Without a basis (--init
-    random) the feature parts are N(0, 0.02) and the identity stays."""
+    random) the feature parts are N(0, 0.02) and the identity stays. Without `feature_in` (a body trained as
+    a standalone draft, --init-from) fuse's feature half is zero: the head starts as exactly that draft."""
     d = head.body.config.hidden_size
     if basis is None:
         generator = torch.Generator().manual_seed(seed + 1)
         basis = torch.randn(head.target_hidden_size, d, generator=generator) * 0.02
-    head.fuse.weight.copy_(torch.cat([basis.T, torch.eye(d)], dim=1))
+    head.fuse.weight.copy_(torch.cat([basis.T if feature_in else torch.zeros(d, basis.shape[0]), torch.eye(d)], dim=1))
     head.predict.weight.copy_(basis)
 
 
@@ -137,11 +137,11 @@ def feature_steps(drafted: Tensor, seq: TeacherSequence, k: int, max_new_tokens:
     return steps
 
 
-def feature_acceptance(head: FeatureHead, target: Transformer, sequences: list[TeacherSequence], ks: list[int],
-                       max_new_tokens: int | None = None, batch_size: int = 8) -> dict[int, dict]:
-    """`steps_table` of the head's greedy steps over `sequences` at each k (the target's features come from
-    one teacher-forced pass per batch of sequences)."""
-    steps: dict[int, list[StepRecord]] = {k: [] for k in ks}
+def sequence_steps(head: FeatureHead, target: Transformer, sequences: list[TeacherSequence], ks: list[int],
+                   max_new_tokens: int | None = None, batch_size: int = 8) -> list[dict[int, list[StepRecord]]]:
+    """Per sequence, the head's greedy steps at each k (the target's features come from one teacher-forced
+    pass per batch of sequences); `evaluate.steps_table` turns any union of them into the metrics."""
+    out = []
     device = head.fuse.weight.device
     for start in range(0, len(sequences), batch_size):
         chunk = sequences[start: start + batch_size]
@@ -149,6 +149,5 @@ def feature_acceptance(head: FeatureHead, target: Transformer, sequences: list[T
         features = target_features(target, ids, positions)
         for row, seq in enumerate(chunk):
             drafted = rollouts(head, features[row, : len(seq.prompt) + len(seq.continuation) - 1], seq, max(ks))
-            for k in ks:
-                steps[k] += feature_steps(drafted, seq, k, max_new_tokens)
-    return steps_table(steps)
+            out.append({k: feature_steps(drafted, seq, k, max_new_tokens) for k in ks})
+    return out

@@ -63,6 +63,7 @@ class DistillOptions:
     teacher_batch: int = 16
     teacher_dtype: str = ""  # "" = bfloat16 on cuda, float32 on cpu
     init: str = "target-pca"
+    init_from: str = ""  # a standalone draft folder of this shape to start from (its weights replace --init's)
     eval_ks: tuple[int, ...] = (2, 4, 6, 8)
     board: str = "u280"
     verify_ms: float | None = None
@@ -208,12 +209,32 @@ def teacher_data(opts: DistillOptions, train_prompts: list[data.Prompt], val_pro
     return train_seqs, val_seqs, test_seqs
 
 
-def acceptance(model, seqs: list[teacher.TeacherSequence], opts: DistillOptions, target=None) -> dict[int, dict]:
+def acceptance(model, seqs: list[teacher.TeacherSequence], opts: DistillOptions, target=None,
+               groups: list[str] | None = None) -> dict:
     """The draft's greedy acceptance table over `seqs` at every --eval-k (evaluate.py's exact shortcut; a
-    feature head's steps are replayed with the target's features, dfvg.distill.feature)."""
+    feature head's steps are replayed with the target's features, dfvg.distill.feature). With `groups` (a
+    name per sequence, e.g. its prompt source): {"all": table, name: table, ...} from the same one pass."""
+    ks = list(opts.eval_ks)
     if isinstance(model, FeatureHead):
-        return feature.feature_acceptance(model, target, seqs, list(opts.eval_ks), opts.max_new_tokens)
-    return evaluate.acceptance_table(evaluate.greedy_matches(model, seqs), list(opts.eval_ks), opts.max_new_tokens)
+        per_seq = feature.sequence_steps(model, target, seqs, ks, opts.max_new_tokens)
+
+        def table(rows):
+            return evaluate.steps_table({k: [s for i in rows for s in per_seq[i][k]] for k in ks})
+    else:
+        matches = evaluate.greedy_matches(model, seqs)
+
+        def table(rows):
+            return evaluate.acceptance_table([matches[i] for i in rows], ks, opts.max_new_tokens)
+    everything = table(range(len(seqs)))
+    if groups is None:
+        return everything
+    names = sorted(set(groups))
+    return {"all": everything, **{n: table([i for i, g in enumerate(groups) if g == n]) for n in names}}
+
+
+def source_of(prompt: data.Prompt) -> str:
+    """The prompt set a key came from ("humaneval/7" -> "humaneval", "pystdlib/json:dumps" -> "pystdlib")."""
+    return prompt.key.split("/", 1)[0]
 
 
 def as_feature_head(opts: DistillOptions, body, basis, in_head, device) -> tuple[FeatureHead, object, train.BatchLoss]:
@@ -221,7 +242,7 @@ def as_feature_head(opts: DistillOptions, body, basis, in_head, device) -> tuple
     teacher's dtype), and the loss that reads them."""
     target = load_model(opts.target, dtype=getattr(torch, teacher_dtype(opts)), device=device)
     head = FeatureHead(body, target.config.hidden_size)
-    feature.init_projections(head, basis, opts.seed)
+    feature.init_projections(head, basis, opts.seed, feature_in=not opts.init_from)
     return head, target, feature.feature_loss(target, in_head, opts.feature_unroll, opts.feature_weight)
 
 
@@ -248,6 +269,7 @@ def run(opts: DistillOptions, log=print) -> dict:
         f"{sum(p.samples for p in train_prompts)} training continuations")
     train_seqs, val_seqs, test_seqs = teacher_data(opts, train_prompts, val_prompts, test_prompts, log)
     body, hf_config, head_ids, counts, shape, basis = build(opts, train_seqs, target_raw)
+    init_sha = train.init_from_draft(body, opts.init_from) if opts.init_from else None
     in_head = vocab.in_head_mask(head_ids, body.config.vocab_size, device)
     model, target, loss = body, None, None
     if opts.feature_head:
@@ -265,15 +287,20 @@ def run(opts: DistillOptions, log=print) -> dict:
         log(f"stopped at step {state.step}/{opts.steps}: continue with --resume {opts.checkpointing().directory}")
         return {"finished": False, "step": state.step, "checkpoint": str(opts.checkpointing().directory),
                 "losses": state.losses, **splits}
-    after, test = acceptance(model, val_seqs, opts, target), acceptance(model, test_seqs, opts, target)
+    after = acceptance(model, val_seqs, opts, target)
+    by_source = acceptance(model, test_seqs, opts, target, [source_of(p) for p in test_prompts])
+    test = by_source.pop("all")
     how = "replayed with the target's features" if opts.feature_head else "teacher-forced exact"
     for k in opts.eval_ks:
         log(f"eval (measured, greedy, {how}): k={k} validation acceptance "
             f"{before[k]['acceptance_rate']:.3f} -> {after[k]['acceptance_rate']:.3f}, tau "
-            f"{after[k]['mean_accepted_length']:.2f}; test (reported only) {test[k]['acceptance_rate']:.3f}")
+            f"{after[k]['mean_accepted_length']:.2f}; test (reported only) {test[k]['acceptance_rate']:.3f}, tau "
+            f"{test[k]['mean_accepted_length']:.2f}; by source: " +
+            ", ".join(f"{n} {t[k]['mean_accepted_length']:.2f}" for n, t in by_source.items()))
     summary = {"finished": True, "options": asdict(opts), "shape": export.shape_dict(shape), **splits,
                "losses": state.losses, "acceptance_before": before, "acceptance_after": after,
                "acceptance_test": test,
+               "acceptance_test_by_source": by_source, "init_from_sha256": init_sha,
                "head_coverage_of_train_tokens": vocab.coverage(counts, head_ids) if head_ids is not None else 1.0,
                "sizing": sizing_report(body.config, opts, log,
                                        model.target_hidden_size if opts.feature_head else 0)}

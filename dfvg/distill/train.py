@@ -18,6 +18,7 @@ matmuls on a GPU); a fresh KV cache per step keeps autograd from reaching into t
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
+from dfvg.checkpoint import checkpoint_dir, load_model, safetensors_files
 from dfvg.devices import tf32_matmuls
 from dfvg.distill import resume
 from dfvg.distill.teacher import TeacherSequence
@@ -92,6 +94,27 @@ def init_from_target(model: Transformer, embed: Tensor, head: Tensor) -> Tensor:
         projected = source @ basis
         tensor.copy_(projected * (source.pow(2).mean().sqrt() / projected.pow(2).mean().sqrt().clamp_min(1e-12)))
     return basis
+
+
+@torch.no_grad()
+def init_from_draft(model: Transformer, directory: str) -> str:
+    """Start `model` as the standalone draft in `directory` (--init-from: a feature head begins as the draft
+    it extends, or a draft trains on from an earlier run); returns that draft's model.safetensors sha256.
+
+    The draft must have this run's shape and head vocabulary (same --layers/--hidden/--vocab-top and the
+    same training prompts); anything else is refused in one line."""
+    source = load_model(directory)
+    theirs, ours = source.state_dict(), model.state_dict()
+    shapes = {n: tuple(t.shape) for n, t in ours.items()}
+    if {n: tuple(t.shape) for n, t in theirs.items()} != shapes:
+        raise UserError(f"--init-from {directory}: its shape differs from this run's draft; give the same "
+                        "--layers, --hidden and --vocab-top it was trained with")
+    if model.config.head_vocab_size and not torch.equal(theirs["head_token_ids"].cpu(), ours["head_token_ids"].cpu()):
+        raise UserError(f"--init-from {directory}: its head vocabulary differs from this run's (chosen from other "
+                        "training prompts); give the --prompts and split it was trained with")
+    model.load_state_dict(theirs)
+    files = safetensors_files(checkpoint_dir(directory))
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
 
 def distill_loss(logits: Tensor, topk_ids: Tensor, topk_probs: Tensor, in_head: Tensor) -> Tensor:

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 15's feature-head lease: does an EAGLE-style head (dfvg/feature_head.py) beat the standalone 4 x 512
+# draft it extends, on validation, and what does the winner do end to end? One background job after the
+# target's GGUF arrived in chunks (19 of 58 MiB: `split -b 58m -d -a 2 <target>.gguf .chunks/t/t`, carried
+# one per call with drafts/ moved out of the tree, since the tracked tree alone is 61 MiB):
+#
+#   (setsid nohup bash benchmarks/h200_feature_head.sh /root/t /root/fout > /root/fh.log 2>&1 &)
+#
+# carry: results/distill_prompts (humaneval, sharegpt5k and pystdlib JSONL: `distill_h200.sh prompts`), .whl.
+# 1. distill_h200.sh prepare teacher: the target installed from the GGUF; teacher data of HumanEval x 8,
+#    ShareGPT (5k) and the Python standard library's functions (pystdlib): 10 % validation, 25 % test;
+# 2. the standalone draft S (4 x 512, 32k head, 2,000 steps; the shipped recipe on this split);
+# 3. the head H: S's weights plus fuse/predict (--init-from S: it starts as exactly S), HEAD_STEPS more steps;
+# 4. the control S+: S trained HEAD_STEPS more steps without features (same data, same schedule), so H's
+#    gain over S is not just more training;
+# 5. gpu_speed --phases dfvg on the 20 held-out prompts: plain, S at k = 4 and H at k = 4 in one run, on
+#    the product's CUDA-graph path (the head's first GPU run).
+# Acceptance tables are the runs' last log lines and their distill_recipe.json (validation chooses; test is
+# reported, per prompt source too). OUT must not be /root/out (the device tool empties it at every call).
+set -euo pipefail
+chunks=$1
+out=$2
+case $out in /root/out | /root/out/*) echo "error: $out is the device tool's \$OUT, emptied at every call" >&2; exit 2;; esac
+HEAD_STEPS=${HEAD_STEPS:-1000}
+rm -rf /root/repo_f && cp -r "$(dirname "$0")/.." /root/repo_f && cd /root/repo_f
+mkdir -p /root/gguf "$out"
+cat "$chunks"/t* > /root/gguf/qwen2.5-coder-1.5b-instruct.gguf
+sha256sum /root/gguf/*.gguf | tee "$out/sha256.txt"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD GGUF_DIR=/root/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/res
+export PROMPTS=results/distill_prompts/humaneval.jsonl*8,results/distill_prompts/sharegpt5k.jsonl,results/distill_prompts/pystdlib.jsonl
+echo "== prepare teacher ($(date -u +%T))"
+bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
+base=$RESULTS/l4-d512-v32768
+train() {  # name, then env assignments: train until the run exported (a run stopped by its time budget resumes)
+  local name=$1
+  shift
+  until [ -f "$RESULTS/$name/model.safetensors" ]; do
+    echo "== train $name $* ($(date -u +%T))"
+    env "$@" TIME_BUDGET=540 bash benchmarks/distill_h200.sh train 2>&1 | grep -v "^step" | tail -14
+    cp "$RESULTS/$name.log" "$out"/ || true
+  done
+}
+train l4-d512-v32768
+train l4-d512-v32768-fh FEATURE_HEAD=1 INIT_FROM="$base" STEPS="$HEAD_STEPS"
+train l4-d512-v32768-more SUFFIX=-more INIT_FROM="$base" STEPS="$HEAD_STEPS"
+cp "$RESULTS"/*.log "$out"/
+for d in "$RESULTS"/l4-*/; do cp "$d/distill_recipe.json" "$out/$(basename "$d").recipe.json"; done
+echo TRAINED
+python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "" --skip-draft --distilled-draft "$base" \
+  --feature-head "$RESULTS/l4-d512-v32768-fh" --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json \
+  --prompts 20 --results /root/speed --out "$out" 2>&1 | tee "$out/gpu_speed_fh.log"
+echo DONE
