@@ -16,9 +16,8 @@ import torch
 from benchmarks.gpu_speed import KERNELS, cuda_median_ms, save, sync, timed_runs
 from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
-from dfvg.feature_head import FeatureDrafter
 from dfvg.generate import generate
-from dfvg.gpu.graph_drafter import GraphDrafter, draft_graph
+from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter, draft_graph
 from dfvg.gpu.graphs import GraphVerifier, token_graph
 from dfvg.gpu.tree_device import tree_room
 from dfvg.verifier import TorchVerifier
@@ -151,8 +150,11 @@ def phase_dfvg(args, models) -> dict:
         # shared one also serves the other rows and phases of this process
         head_verifier = GraphVerifier(models["target"], compile_blocks=args.kernels == "compiled",
                                       fused_layers=args.kernels == "fused", cache_len=cache_len(models, args))
-        head = FeatureDrafter(models["feature_head"], head_verifier, head_verifier.vocab_size)
-        head_verifier.prepare(max(ks(args)) + 1)  # every verify length, before the timed prompts
+        head = GraphFeatureDrafter(models["feature_head"], head_verifier, head_verifier.vocab_size,
+                                   compile_blocks=args.kernels == "compiled", cache_len=cache_len(models, args),
+                                   fused_layers=args.kernels == "fused")  # what make_drafter gives on CUDA
+        head_verifier.prepare(max(ks(args)) + 1)  # every verify length and block graph, before the timed prompts
+        head.prepare(max(ks(args)))
         for k in ks(args):
             runs[f"dfvg_feature_k{k}"] = timed_runs(f"dfvg spec feature-head k={k}", prompts,
                                                     dfvg_runner(head_verifier, head, k, n), dev)

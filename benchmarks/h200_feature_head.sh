@@ -17,6 +17,10 @@
 #    the product's CUDA-graph path (the head's first GPU run).
 # Acceptance tables are the runs' last log lines and their distill_recipe.json (validation chooses; test is
 # reported, per prompt source too). OUT must not be /root/out (the device tool empties it at every call).
+# HEAD=DIR skips 1-4: step 5 times that head (a folder carried in; model.safetensors may come in parts,
+# DIR/model.safetensors.part*, joined here) beside the standalone draft DRAFT (default: the shipped one, so
+# the call that starts this job has drafts/ back in the tree: 62 MB, nothing else carried; the head's parts
+# and the last GGUF chunk travel in the calls before it and are copied outside the repository, e.g. /root/head).
 set -euo pipefail
 chunks=$1
 out=$2
@@ -29,6 +33,16 @@ sha256sum /root/gguf/*.gguf | tee "$out/sha256.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD GGUF_DIR=/root/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/res
 export PROMPTS=results/distill_prompts/humaneval.jsonl*8,results/distill_prompts/sharegpt5k.jsonl,results/distill_prompts/pystdlib.jsonl
+if [ -n "${HEAD:-}" ]; then
+  compgen -G "$HEAD/model.safetensors.part*" >/dev/null && cat "$HEAD"/model.safetensors.part* > "$HEAD/model.safetensors"
+  sha256sum "$HEAD"/*.safetensors | tee -a "$out/sha256.txt"
+  python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "" --skip-draft --feature-head "$HEAD" \
+    --distilled-draft "${DRAFT:-drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768}" \
+    --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/speed \
+    --out "$out" 2>&1 | tee "$out/gpu_speed_fh.log"
+  echo DONE
+  exit 0
+fi
 echo "== prepare teacher ($(date -u +%T))"
 bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
 base=$RESULTS/l4-d512-v32768

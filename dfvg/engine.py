@@ -40,7 +40,7 @@ from dfvg.feature_head import FeatureDrafter, feature_drafter
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
-from dfvg.gpu.graph_drafter import GraphDrafter
+from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter
 from dfvg.gpu.graphs import GraphVerifier
 from dfvg.gpu.tree_device import DeviceTreeStep, fits_device_tree, tree_room, tree_shape
 from dfvg.host.adaptive import AdaptiveDraftLength
@@ -56,6 +56,7 @@ from dfvg.tree_step import TreeStep, tree_step
 from dfvg.verifier import TorchVerifier, Verifier
 
 DEFAULT_CACHE_LEN = 1024  # graph caches hold at least this many positions, so graphs survive across prompts
+GRAPH_HOLDERS = (GraphVerifier, GraphDrafter, GraphFeatureDrafter)  # what holds graphs over a cache it sizes
 
 
 def uses_graphs(device: torch.device, fast: bool) -> bool:
@@ -89,7 +90,10 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
         return ReceivedDrafts(tp)
     fast = fast and tp is None
     if head:
-        return feature_drafter(draft_dir, device, dtype, verifier)
+        drafter = feature_drafter(draft_dir, device, dtype, verifier)
+        if uses_graphs(drafter.device, fast):
+            return GraphFeatureDrafter(drafter.head, verifier, target_vocab_size, cache_len=DEFAULT_CACHE_LEN)
+        return drafter
     if device == "fpga":
         return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=target_vocab_size, **fpga_options)
     torch_device = resolve_device(device)
@@ -115,7 +119,7 @@ class Engine:
     @property
     def captures(self) -> bool:
         """Whether anything here captures graphs or compiles (else a warm-up has nothing to do)."""
-        return any(isinstance(m, (GraphVerifier, GraphDrafter)) for m in (self.verifier, *self.drafters))
+        return any(isinstance(m, GRAPH_HOLDERS) for m in (self.verifier, *self.drafters))
 
     @property
     def context_limit(self) -> int:
@@ -128,7 +132,7 @@ class Engine:
         for drafter in drafters:
             self._remember(drafter)
         for holder in (self.verifier, *self.drafters):
-            if isinstance(holder, (GraphVerifier, GraphDrafter)):
+            if isinstance(holder, GRAPH_HOLDERS):
                 holder.min_cache_len = max(holder.min_cache_len, positions)
         for holder in (self.verifier, *self.drafters):
             if isinstance(holder, (GraphVerifier, GraphDrafter)) and batch > 1:
@@ -273,5 +277,7 @@ class Engine:
         for drafter in self.drafters:
             if isinstance(drafter, GraphDrafter):
                 drafter.prepare(k_max + 1)  # overlap drafts k + 1 (the bonus guess first)
+            elif isinstance(drafter, GraphFeatureDrafter):
+                drafter.prepare(k_max)  # sync schedule only
         synchronize(self.verifier.device)
         return time.perf_counter() - start

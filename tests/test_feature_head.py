@@ -269,3 +269,89 @@ def test_a_head_started_from_a_draft_begins_as_that_draft(setup, distilled):  # 
     with pytest.raises(UserError, match="its shape differs from this run's draft"):
         run(options(setup, "other-shape", feature_head=True, hidden=16, init_from=str(draft_dir)),
             log=lambda line: None)
+
+
+def recorded(drafter) -> list[list[int]]:
+    """Every block `drafter` proposes from now on, in order (its propose wrapped on the instance)."""
+    blocks, propose = [], drafter.propose
+
+    def record(*args, **kwargs):
+        block = propose(*args, **kwargs)
+        blocks.append(block.tokens)
+        return block
+
+    drafter.propose = record
+    return blocks
+
+
+def graph_head(head_dir, verifier):
+    """The head's CUDA-graph drafter, here replaying its block graphs eagerly on the CPU."""
+    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+
+    eager = make_drafter(head_dir, "cpu", torch.float32, VOCAB, fast=False, verifier=verifier)
+    return GraphFeatureDrafter(eager.head, verifier, VOCAB, compile_blocks=False, cache_len=96)
+
+
+@pytest.mark.parametrize("pair", ["trained", "random"])
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_the_graph_head_drafts_the_eager_heads_blocks(head_dir, setup, random_head, pair, k):  # noqa: F811
+    """Greedy: the block graph (c catch-up positions, then k - 1 self-fed ones) proposes what the eager head
+    proposes, whole blocks step for step (the random pair's drafts depend on every feature and position), so
+    the output equals plain decoding; every (c, k) graph it used was captured."""
+    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graphs import GraphVerifier
+
+    head, root = (load_feature_head(head_dir[0]), setup) if pair == "trained" else random_head
+    prompts = PROMPTS[:2] if pair == "trained" else ([5, 17, 33, 8, 2, 41], [60, 3])
+    for verifier in (TorchVerifier(load_model(root / "target")),
+                     GraphVerifier(load_model(root / "target"), compile_blocks=False, cache_len=96)):
+        eager = FeatureDrafter(head, verifier, verifier.vocab_size)
+        graphs = GraphFeatureDrafter(head, verifier, verifier.vocab_size, compile_blocks=False, cache_len=96)
+        eager_blocks, graph_blocks = recorded(eager), recorded(graphs)
+        for prompt in prompts:
+            want = generate(verifier, list(prompt), 24, drafter=eager, draft_length=k)
+            got = generate(verifier, list(prompt), 24, drafter=graphs, draft_length=k)
+            assert got.tokens == want.tokens == generate(verifier, list(prompt), 24).tokens
+            assert [(s.num_drafted, s.num_accepted) for s in got.steps] == \
+                [(s.num_drafted, s.num_accepted) for s in want.steps]
+        assert graph_blocks == eager_blocks and len(eager_blocks) > 6  # whole blocks, rejected drafts too
+        used = {key[1] for key in graphs.gm.graphs if key[0] == "feature-draft" and key[2] == k}
+        assert used and max(used) <= k + 1
+
+
+def test_the_graph_head_catches_up_a_long_gap_and_samples_eagerly(head_dir, setup):  # noqa: F811
+    """A graph head that sat out several steps feeds the gap eagerly, then drafts the follower's block from its
+    graph; a sampled block takes the eager path (no graph of that k is captured)."""
+    verifier, follower = drafter_for(head_dir[0], setup)
+    newcomer = graph_head(head_dir[0], verifier)
+    prompt, greedy = list(PROMPTS[1]), SamplingParams()
+    step = HostStep(verifier, follower, greedy, torch.Generator())
+    step.prefill(prompt, 64)
+    newcomer.prefill(prompt, 64)
+    seq = list(prompt)
+    for _ in range(4):
+        seq += step(seq, 3).committed
+    assert len(seq) - newcomer.true_len > 3 + 1  # the gap is longer than a verify leaves
+    assert newcomer.propose(seq, 3, greedy, None).tokens == follower.propose(seq, 3, greedy, None).tokens
+    newcomer.rollback(len(seq))
+    block = newcomer.propose(seq, 2, SamplingParams(temperature=0.8), torch.Generator().manual_seed(0))
+    assert block.probs is not None and not any(key[0] == "feature-draft" and key[2] == 2 for key in newcomer.gm.graphs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_head_drafts_from_graphs_and_stays_lossless(head_dir, setup):  # noqa: F811
+    """make_drafter on CUDA gives the graph head; greedy output equals the graph target's plain output in bf16."""
+    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graphs import GraphVerifier
+
+    def target():
+        return GraphVerifier(load_model(setup / "target", torch.bfloat16, "cuda"), compile_blocks=False, cache_len=96)
+
+    verifier, plain = target(), target()
+    drafter = make_drafter(head_dir[0], "cuda", torch.bfloat16, VOCAB, verifier=verifier)
+    assert isinstance(drafter, GraphFeatureDrafter)
+    for prompt in PROMPTS:
+        got = Engine(verifier).decode(drafter, list(prompt), 24, k=3)
+        assert got.tokens == Engine(plain).decode(None, list(prompt), 24, k=0).tokens
+    assert any(key[0] == "feature-draft" for key in drafter.gm.graphs) and sum(s.num_accepted for s in got.steps) > 0

@@ -1,4 +1,5 @@
-"""The draft model under CUDA graphs: `GraphDrafter` (the `Drafter` protocol) and its k-step draft graph.
+"""Drafts under CUDA graphs: `GraphDrafter` (a standalone draft model, the `Drafter` protocol) and its k-step
+draft graph, and `GraphFeatureDrafter` (a feature head, dfvg.feature_head) and its block graph.
 
 Why a graph of all k steps: a greedy block of k draft tokens is k tiny forward passes whose launches,
 from Python, cost more than their arithmetic; one replay of a graph that feeds each argmax back on the
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor
 
 from dfvg.drafter import DraftBlock, TorchDrafter
+from dfvg.feature_head import FeatureDrafter, FeatureHead
 from dfvg.gpu.graphs import SCRATCH, GraphModel
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
@@ -96,3 +98,90 @@ def draft_graph(gm: GraphModel, k: int, vocab: int) -> _DraftGraph:
         graph = _DraftGraph(gm, k, vocab)
         gm.graphs[("draft-runner", k)] = graph
     return graph
+
+
+class GraphFeatureDrafter(FeatureDrafter):
+    """A feature head drafting under CUDA graphs: a greedy block replays one graph, one device-to-host copy.
+
+    Why: drafting eagerly costs one Python-launched forward per fed position; on the H200 that was 17 ms per
+    block against the target's 1.9 ms verify (benchmarks/RESULTS.md, 2026-12-05). The graph of (c, k)
+    feeds the c committed positions not yet fed with the target's features (c = accepted + 1 after a
+    verify, 1..k + 1), then k - 1 positions that read the head's own f^, each draft's argmax fed back on
+    the device. Prefill, sampling and a longer catch-up (a drafter taking over mid-generation) run the
+    eager `FeatureDrafter` methods this class inherits, on the same body and cache."""
+
+    def __init__(self, head: FeatureHead, verifier, target_vocab_size: int | None = None,
+                 compile_blocks: bool = True, cache_len: int = 1024, fused_layers: bool = True):
+        super().__init__(head, verifier, target_vocab_size)
+        self.gm = GraphModel(head.body, compile_blocks, fused_layers)
+        self.min_cache_len = cache_len
+        # the catch-up rows' features f_{p-1}, copied from the verifier's buffer before each replay
+        self.inputs = torch.zeros(SCRATCH, head.target_hidden_size, dtype=head.fuse.weight.dtype,
+                                  device=self.device)
+
+    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
+        self.gm.ensure_cache(max(max_seq_len, self.min_cache_len))  # the eager prefill then reuses this cache
+        super().prefill(prompt_ids, max_seq_len)
+
+    def prepare(self, max_k: int) -> None:
+        """Capture the block graphs of k = 1..max_k, every catch-up length c = 1..k + 1, now (warm-up)."""
+        for k in range(1, min(max_k, SCRATCH // 2) + 1):
+            for c in range(1, k + 2):
+                self._graph(c, k)
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> DraftBlock:
+        start = time.perf_counter()
+        length = len(context)
+        fed_from = min(self.true_len, length - 1)
+        # eager: sampling, a one-token prompt, and blocks whose capture would not fit the scratch slots (c + k - 1)
+        if not sampling.greedy or fed_from < 1 or not 1 <= k <= SCRATCH // 2 or length + k > self.gm.scratch_pos:
+            return super().propose(context, k, sampling, generator)
+        if length - fed_from > k + 1:  # a longer gap than a verify leaves: feed its head eagerly
+            self._feed(context[fed_from: length - 1], fed_from, self._true_features(fed_from, length - 1))
+            fed_from = length - 1
+        c = length - fed_from
+        graph = self._graph(c, k)
+        self.inputs[:c].copy_(self._true_features(fed_from, length))
+        graph.state.copy_(torch.tensor([context[fed_from:] + [fed_from]]))
+        graph.graph.replay()
+        tokens = graph.drafts[0].tolist()
+        self.true_len, self.cached_len = length, length + k - 1
+        return DraftBlock(tokens, None, time.perf_counter() - start)
+
+    def _graph(self, c: int, k: int) -> _FeatureDraftGraph:
+        graph = self.gm.graphs.get(("feature-draft", c, k))
+        if graph is None:
+            graph = _FeatureDraftGraph(self, c, k)
+            self.gm.graphs[("feature-draft", c, k)] = graph
+        return graph
+
+
+class _FeatureDraftGraph:
+    """One greedy block of a feature head in one graph: state [1, c + 1] = [the c tokens to feed, the first one's
+    position], drafter.inputs[:c] = their features f_{p-1} -> drafts [1, k]."""
+
+    def __init__(self, drafter: GraphFeatureDrafter, c: int, k: int):
+        gm = drafter.gm
+        self.state = torch.tensor([[0] * c + [gm.scratch_pos]], dtype=torch.long, device=gm.device)
+        self.drafts = torch.zeros(1, k, dtype=torch.long, device=gm.device)
+        self.graph, _ = gm.capture(("feature-draft-graph", c, k), lambda: feature_draft_body(
+            drafter.head, gm, self.state, drafter.inputs, self.drafts, drafter.vocab_size))
+
+
+def feature_draft_body(head: FeatureHead, gm: GraphModel, state: Tensor, inputs: Tensor, drafts: Tensor,
+                       vocab: int) -> Tensor:
+    """Device-only drafting of one block (see `GraphFeatureDrafter`): FeatureHead.forward's arithmetic on
+    the graph model's layers, the argmax and f^ of each position feeding the next."""
+    c = state.shape[1] - 1
+    ids, first = state[0, :c], state[0, c]
+    features = inputs[:c]
+    pos = first + torch.arange(c, device=state.device)
+    for i in range(drafts.shape[1]):
+        x = head.fuse(torch.cat([features, head.body.embed(ids)], dim=-1))
+        logits, hidden = gm.forward_inputs(x, pos)
+        ids = logits[:, :vocab].argmax(-1)  # [1]
+        drafts[0, i].copy_(ids[0])
+        features, pos = head.predict(hidden), pos[-1:] + 1
+    return drafts

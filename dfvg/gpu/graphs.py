@@ -140,19 +140,44 @@ class GraphModel:
     def _fused_forward(self, ids: Tensor, pos: Tensor, last_only: bool, tree: TreeRows | None) -> Tensor:
         """Fused layers over chunks of `fused.MAX_ROWS` rows, chunk after chunk within each layer: a tree's rows
         come parents first, so a chunk's ancestors wrote their K/V in this layer before it attends."""
-        m = self.model
-        x = m.embed(ids)[0]  # [T, D]
-        counters = fused.new_counters(x.device)  # one zeroed split-K scratch for every launch of this pass
-        chunks = [(a, min(a + fused.MAX_ROWS, x.shape[0])) for a in range(0, x.shape[0], fused.MAX_ROWS)]
-        for layer, w in zip(m.layers, self.weights, strict=True):
-            cache = layer.attention.kv_cache
-            x = by_chunks(chunks, partial(self._fused_layer, x, pos, cache.k[0], cache.v[0], w, counters, tree))
+        counters = fused.new_counters(ids.device)  # one zeroed split-K scratch for every launch of this pass
+        x = self._fused_layers(self.model.embed(ids)[0], pos, counters, tree)
         if tree is None:
             self._write_features(x, pos)
         if last_only:
-            x, chunks = x[-1:].contiguous(), [(0, 1)]
-        # the head as a row-invariant launch too (fused module docstring)
-        return by_chunks(chunks, lambda a, b: fused.logits(m, x[a:b], counters))
+            x = x[-1:].contiguous()
+        return self._fused_logits(x, counters)
+
+    def _fused_layers(self, x: Tensor, pos: Tensor, counters: Tensor, tree: TreeRows | None = None) -> Tensor:
+        """The decoder layers on input rows x [T, D] -> the last layer's rows [T, D] (before the final norm)."""
+        chunks = [(a, min(a + fused.MAX_ROWS, x.shape[0])) for a in range(0, x.shape[0], fused.MAX_ROWS)]
+        for layer, w in zip(self.model.layers, self.weights, strict=True):
+            cache = layer.attention.kv_cache
+            x = by_chunks(chunks, partial(self._fused_layer, x, pos, cache.k[0], cache.v[0], w, counters, tree))
+        return x
+
+    def _fused_logits(self, x: Tensor, counters: Tensor) -> Tensor:
+        """The head as a row-invariant launch too (fused module docstring), by row chunks."""
+        chunks = [(a, min(a + fused.MAX_ROWS, x.shape[0])) for a in range(0, x.shape[0], fused.MAX_ROWS)]
+        return by_chunks(chunks, lambda a, b: fused.logits(self.model, x[a:b], counters))
+
+    def forward_inputs(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """Input rows x [T, D] (a feature head's fused inputs, not token embeddings) at positions pos [T] ->
+        (float32 logits of the last row [1, V], the last layer's last row [1, D] before the final norm).
+        Same layers as `forward` (fused where they apply); graph-safe, no host sync."""
+        if self.fused and x.shape[0] <= fused.MAX_ROWS:
+            counters = fused.new_counters(x.device)
+            last = self._fused_layers(x, pos, counters)[-1:].contiguous()
+            return self._fused_logits(last, counters), last
+        m = self.model
+        cos, sin = m.rope_cos[pos].to(x.dtype)[None, :, None], m.rope_sin[pos].to(x.dtype)[None, :, None]
+        mask = torch.arange(self.cache_len, device=x.device) <= pos[None, :, None]
+        h = x[None]
+        for layer, w in zip(m.layers, self.weights, strict=True):
+            cache = layer.attention.kv_cache
+            h = self.block(h, cos, sin, pos[None], mask, cache.k, cache.v, w, self.dims)
+        last = h[0, -1:]
+        return m.logits(last), last
 
     def _fused_layer(self, x: Tensor, pos: Tensor, k: Tensor, v: Tensor, w: tuple, counters: Tensor,
                      tree: TreeRows | None, a: int, b: int) -> Tensor:
