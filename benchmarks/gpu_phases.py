@@ -153,7 +153,8 @@ def phase_dfvg(args, models) -> dict:
         head = GraphFeatureDrafter(models["feature_head"], head_verifier, head_verifier.vocab_size,
                                    compile_blocks=args.kernels == "compiled", cache_len=cache_len(models, args),
                                    fused_layers=args.kernels == "fused")  # what make_drafter gives on CUDA
-        head_verifier.prepare(max(ks(args)) + 1)  # every verify length and block graph, before the timed prompts
+        dfvg_runner(head_verifier, head, max(ks(args)), n)(prompts[0]["ids"])  # caches sized, then every verify
+        head_verifier.prepare(max(ks(args)) + 1)  # length and block graph captured before the timed prompts
         head.prepare(max(ks(args)))
         for k in ks(args):
             runs[f"dfvg_feature_k{k}"] = timed_runs(f"dfvg spec feature-head k={k}", prompts,

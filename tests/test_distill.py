@@ -100,12 +100,20 @@ def test_three_splits_are_disjoint_recorded_and_old_held_out_never_trained(disti
 
 def test_test_acceptance_by_prompt_source(setup):
     """Two prompt files: the test split is also reported per source, each table over that source's test
-    prompts alone, and the sources' steps add up to the whole table's."""
+    prompts alone (recomputed here from the exported draft and the cached test continuations), and the
+    sources' steps add up to the whole table's."""
     lines = (setup / "prompts.jsonl").read_text().splitlines()
     (setup / "alpha.jsonl").write_text("\n".join(lines[:120]))
     (setup / "beta.jsonl").write_text("\n".join(lines[120:]))
     summary = run(options(setup, "draft-by-source", prompts=f"{setup / 'alpha.jsonl'},{setup / 'beta.jsonl'}",
-                          steps=2), log=lambda line: None)
+                          steps=30, save_dtype="float32", teacher_cache=str(setup / "teacher-by-source")),
+                  log=lambda line: None)
+    cache = setup / "teacher-by-source" / "test"
+    tests = data.load_teacher(cache, json.loads((cache / data.TEACHER_META).read_text())["recipe"])
+    alpha = [seq for seq, key in zip(tests, summary["test_prompts"], strict=True) if key.startswith("alpha/")]
+    model = load_model(setup / "draft-by-source")
+    want = evaluate.acceptance_table(evaluate.greedy_matches(model, alpha), [2, 4], 24)
+    assert summary["acceptance_test_by_source"]["alpha"] == {k: want[k] for k in (2, 4)}
     by_source, whole = summary["acceptance_test_by_source"], summary["acceptance_test"]
     assert set(by_source) == {"alpha", "beta"}
     for k in (2, 4):

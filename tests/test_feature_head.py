@@ -319,6 +319,38 @@ def test_the_graph_head_drafts_the_eager_heads_blocks(head_dir, setup, random_he
         assert used and max(used) <= k + 1
 
 
+@pytest.mark.parametrize("k", [2, 4])
+def test_the_graph_head_equals_the_eager_head_at_every_catch_up_length(random_head, k):
+    """Lockstep on the feature-sensitive random head, the verifier's states recomputed for each context: every
+    step accepts a different number of the drafts (0..k, so the graph feeds c = 1..k + 1 positions with the
+    target's states), and the graph's block equals the eager head's every time."""
+    import copy
+
+    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+
+    head, root = random_head
+    verifier, greedy = TorchVerifier(load_model(root / "target")), SamplingParams()
+    eager = FeatureDrafter(copy.deepcopy(head), verifier, verifier.vocab_size)
+    graphs = GraphFeatureDrafter(copy.deepcopy(head), verifier, verifier.vocab_size, compile_blocks=False,
+                                 cache_len=96)
+    graphs.prepare(k)  # before any prefill: it sizes the cache itself
+    assert graphs.gm.cache_len >= 96
+    context = [5, 17, 33, 8, 2, 41]
+    verifier.prefill(context, 96)
+    for drafter in (eager, graphs):
+        drafter.prefill(context, 96)
+    for step in range(2 * (k + 1)):
+        verifier.prefill(context, 96)  # f_p of every position of the context
+        want = eager.propose(context, k, greedy, None).tokens
+        assert graphs.propose(context, k, greedy, None).tokens == want, step
+        accepted = step % (k + 1)
+        for drafter in (eager, graphs):
+            drafter.rollback(len(context) + accepted)
+        context = context + want[:accepted] + [(7 * step + 3) % 90 + 2]
+    used = {key[1] for key in graphs.gm.graphs if key[0] == "feature-draft" and key[2] == k}
+    assert used == set(range(1, k + 2))
+
+
 def test_the_graph_head_catches_up_a_long_gap_and_samples_eagerly(head_dir, setup):  # noqa: F811
     """A graph head that sat out several steps feeds the gap eagerly, then drafts the follower's block from its
     graph; a sampled block takes the eager path (no graph of that k is captured)."""
@@ -333,6 +365,7 @@ def test_the_graph_head_catches_up_a_long_gap_and_samples_eagerly(head_dir, setu
         seq += step(seq, 3).committed
     assert len(seq) - newcomer.true_len > 3 + 1  # the gap is longer than a verify leaves
     assert newcomer.propose(seq, 3, greedy, None).tokens == follower.propose(seq, 3, greedy, None).tokens
+    assert all(key[1] <= key[2] + 1 for key in newcomer.gm.graphs if key[0] == "feature-draft")  # gap fed eagerly
     newcomer.rollback(len(seq))
     block = newcomer.propose(seq, 2, SamplingParams(temperature=0.8), torch.Generator().manual_seed(0))
     assert block.probs is not None and not any(key[0] == "feature-draft" and key[2] == 2 for key in newcomer.gm.graphs)

@@ -138,9 +138,22 @@ def check_fits_target(opts: DistillOptions, target_cfg) -> None:
     if opts.vocab_top > target_cfg.vocab_size:
         raise UserError(f"--vocab-top must be in [1, {target_cfg.vocab_size}] (the target's vocabulary), "
                         f"got {opts.vocab_top}")
+    if opts.init_from:
+        check_init_shape(opts)
     if opts.init == "target-pca" and opts.shape().hidden > target_cfg.hidden_size:
         raise UserError(f"--init target-pca needs --hidden <= the target's hidden size {target_cfg.hidden_size}; "
                         "lower --hidden or pass --init random")
+
+
+def check_init_shape(opts: DistillOptions) -> None:
+    """--init-from's draft has this run's layers, width and head size (its head vocabulary, which depends on the
+    teacher data, is compared once that exists: `train.init_from_draft`)."""
+    cfg, shape = load_config(opts.init_from), opts.shape()
+    theirs = (cfg.num_layers, cfg.hidden_size, cfg.head_vocab_size or None)
+    if theirs != (shape.layers, shape.hidden, shape.head_vocab):
+        raise UserError(f"--init-from {opts.init_from}: its shape differs from this run's draft (layers, hidden, "
+                        f"head vocabulary {theirs} against {(shape.layers, shape.hidden, shape.head_vocab)}); give "
+                        "the --layers, --hidden and --vocab-top it was trained with")
 
 
 def teacher_dtype(opts: DistillOptions) -> str:
@@ -213,7 +226,8 @@ def acceptance(model, seqs: list[teacher.TeacherSequence], opts: DistillOptions,
                groups: list[str] | None = None) -> dict:
     """The draft's greedy acceptance table over `seqs` at every --eval-k (evaluate.py's exact shortcut; a
     feature head's steps are replayed with the target's features, dfvg.distill.feature). With `groups` (a
-    name per sequence, e.g. its prompt source): {"all": table, name: table, ...} from the same one pass."""
+    name per sequence, e.g. its prompt source): (that table, {name: the table of its sequences}) from the same
+    one pass."""
     ks = list(opts.eval_ks)
     if isinstance(model, FeatureHead):
         per_seq = feature.sequence_steps(model, target, seqs, ks, opts.max_new_tokens)
@@ -228,8 +242,7 @@ def acceptance(model, seqs: list[teacher.TeacherSequence], opts: DistillOptions,
     everything = table(range(len(seqs)))
     if groups is None:
         return everything
-    names = sorted(set(groups))
-    return {"all": everything, **{n: table([i for i, g in enumerate(groups) if g == n]) for n in names}}
+    return everything, {n: table([i for i, g in enumerate(groups) if g == n]) for n in sorted(set(groups))}
 
 
 def source_of(prompt: data.Prompt) -> str:
@@ -288,8 +301,7 @@ def run(opts: DistillOptions, log=print) -> dict:
         return {"finished": False, "step": state.step, "checkpoint": str(opts.checkpointing().directory),
                 "losses": state.losses, **splits}
     after = acceptance(model, val_seqs, opts, target)
-    by_source = acceptance(model, test_seqs, opts, target, [source_of(p) for p in test_prompts])
-    test = by_source.pop("all")
+    test, by_source = acceptance(model, test_seqs, opts, target, [source_of(p) for p in test_prompts])
     how = "replayed with the target's features" if opts.feature_head else "teacher-forced exact"
     for k in opts.eval_ks:
         log(f"eval (measured, greedy, {how}): k={k} validation acceptance "

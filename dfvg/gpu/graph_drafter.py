@@ -124,7 +124,9 @@ class GraphFeatureDrafter(FeatureDrafter):
         super().prefill(prompt_ids, max_seq_len)
 
     def prepare(self, max_k: int) -> None:
-        """Capture the block graphs of k = 1..max_k, every catch-up length c = 1..k + 1, now (warm-up)."""
+        """Capture the block graphs of k = 1..max_k, every catch-up length c = 1..k + 1, now (warm-up), over a
+        cache of at least `min_cache_len` positions (a later prefill that fits it keeps the graphs)."""
+        self.gm.ensure_cache(self.min_cache_len)
         for k in range(1, min(max_k, SCRATCH // 2) + 1):
             for c in range(1, k + 2):
                 self._graph(c, k)
