@@ -324,15 +324,26 @@ def test_the_graph_head_equals_the_eager_head_at_every_catch_up_length(random_he
     """Lockstep on the feature-sensitive random head, the verifier's states recomputed for each context: every
     step accepts a different number of the drafts (0..k, so the graph feeds c = 1..k + 1 positions with the
     target's states), and the graph's block equals the eager head's every time."""
+    lockstep(*random_head, k, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_replayed_head_graphs_equal_the_eager_head(random_head):
+    """The same lockstep with real CUDA-graph captures and replays (float32: the block path, whose rows the
+    eager head computes alike), so a value frozen into a graph at capture would show."""
+    lockstep(*random_head, 4, "cuda")
+
+
+def lockstep(head, root, k: int, device: str) -> None:
     import copy
 
     from dfvg.gpu.graph_drafter import GraphFeatureDrafter
 
-    head, root = random_head
-    verifier, greedy = TorchVerifier(load_model(root / "target")), SamplingParams()
-    eager = FeatureDrafter(copy.deepcopy(head), verifier, verifier.vocab_size)
-    graphs = GraphFeatureDrafter(copy.deepcopy(head), verifier, verifier.vocab_size, compile_blocks=False,
-                                 cache_len=96)
+    verifier, greedy = TorchVerifier(load_model(root / "target", device=device)), SamplingParams()
+    eager = FeatureDrafter(copy.deepcopy(head).to(device), verifier, verifier.vocab_size)
+    graphs = GraphFeatureDrafter(copy.deepcopy(head).to(device), verifier, verifier.vocab_size,
+                                 compile_blocks=False, cache_len=96)
     graphs.prepare(k)  # before any prefill: it sizes the cache itself
     assert graphs.gm.cache_len >= 96
     context = [5, 17, 33, 8, 2, 41]
