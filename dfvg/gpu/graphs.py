@@ -107,22 +107,27 @@ class GraphModel:
         return self._block_forward(ids, pos, last_only)
 
     def _block_forward(self, ids: Tensor, pos: Tensor, last_only: bool, tree: TreeRows | None = None) -> Tensor:
+        x = self._block_layers(self.model.embed(ids), pos, tree)  # [B, T, D]
+        if tree is None and x.shape[0] == 1:
+            self._write_features(x[0], pos[0])
+        if last_only:
+            x = x[:, -1:]
+        return self.model.logits(x)
+
+    def _block_layers(self, x: Tensor, pos: Tensor, tree: TreeRows | None = None) -> Tensor:
+        """The (compiled) block of every layer on input rows x [B, T, D] at positions pos [B, T] -> the last
+        layer's rows [B, T, D], before the final norm."""
         m = self.model
-        x = m.embed(ids)  # [B, T, D]
         cos = m.rope_cos[pos].to(x.dtype)[:, :, None]  # [B, T, 1, hd]
         sin = m.rope_sin[pos].to(x.dtype)[:, :, None]
         if tree is None:
-            mask, slots = torch.arange(self.cache_len, device=ids.device) <= pos[..., None], pos  # [B, T, S]
+            mask, slots = torch.arange(self.cache_len, device=pos.device) <= pos[..., None], pos  # [B, T, S]
         else:  # one sequence: its tree rows' own slots and ancestor mask
             mask, slots = tree.mask(self.cache_len)[None], tree.slots[None]
         for layer, w in zip(m.layers, self.weights, strict=True):
             cache = layer.attention.kv_cache
             x = self.block(x, cos, sin, slots, mask, cache.k, cache.v, w, self.dims)
-        if tree is None and x.shape[0] == 1:
-            self._write_features(x[0], pos[0])
-        if last_only:
-            x = x[:, -1:]
-        return m.logits(x)
+        return x
 
     @torch.inference_mode()
     def prefill(self, tokens: list[int]) -> None:
@@ -150,7 +155,7 @@ class GraphModel:
 
     def _fused_layers(self, x: Tensor, pos: Tensor, counters: Tensor, tree: TreeRows | None = None) -> Tensor:
         """The decoder layers on input rows x [T, D] -> the last layer's rows [T, D] (before the final norm)."""
-        chunks = [(a, min(a + fused.MAX_ROWS, x.shape[0])) for a in range(0, x.shape[0], fused.MAX_ROWS)]
+        chunks = row_chunks(x.shape[0])
         for layer, w in zip(self.model.layers, self.weights, strict=True):
             cache = layer.attention.kv_cache
             x = by_chunks(chunks, partial(self._fused_layer, x, pos, cache.k[0], cache.v[0], w, counters, tree))
@@ -158,8 +163,7 @@ class GraphModel:
 
     def _fused_logits(self, x: Tensor, counters: Tensor) -> Tensor:
         """The head as a row-invariant launch too (fused module docstring), by row chunks."""
-        chunks = [(a, min(a + fused.MAX_ROWS, x.shape[0])) for a in range(0, x.shape[0], fused.MAX_ROWS)]
-        return by_chunks(chunks, lambda a, b: fused.logits(self.model, x[a:b], counters))
+        return by_chunks(row_chunks(x.shape[0]), lambda a, b: fused.logits(self.model, x[a:b], counters))
 
     def forward_inputs(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
         """Input rows x [T, D] (a feature head's fused inputs, not token embeddings) at positions pos [T] ->
@@ -169,15 +173,8 @@ class GraphModel:
             counters = fused.new_counters(x.device)
             last = self._fused_layers(x, pos, counters)[-1:].contiguous()
             return self._fused_logits(last, counters), last
-        m = self.model
-        cos, sin = m.rope_cos[pos].to(x.dtype)[None, :, None], m.rope_sin[pos].to(x.dtype)[None, :, None]
-        mask = torch.arange(self.cache_len, device=x.device) <= pos[None, :, None]
-        h = x[None]
-        for layer, w in zip(m.layers, self.weights, strict=True):
-            cache = layer.attention.kv_cache
-            h = self.block(h, cos, sin, pos[None], mask, cache.k, cache.v, w, self.dims)
-        last = h[0, -1:]
-        return m.logits(last), last
+        last = self._block_layers(x[None], pos[None])[0, -1:]
+        return self.model.logits(last), last
 
     def _fused_layer(self, x: Tensor, pos: Tensor, k: Tensor, v: Tensor, w: tuple, counters: Tensor,
                      tree: TreeRows | None, a: int, b: int) -> Tensor:
@@ -200,6 +197,11 @@ class GraphModel:
         graph, out = capture_graph(body, self.device, warmup, before)
         self.graphs[key] = (graph, out)
         return graph, out
+
+
+def row_chunks(rows: int) -> list[tuple[int, int]]:
+    """[a, b) row ranges of at most `fused.MAX_ROWS` rows (one fused launch each)."""
+    return [(a, min(a + fused.MAX_ROWS, rows)) for a in range(0, rows, fused.MAX_ROWS)]
 
 
 def by_chunks(chunks: list[tuple[int, int]], run: Callable[[int, int], Tensor]) -> Tensor:
