@@ -21,6 +21,10 @@
 # DIR/model.safetensors.part*, joined here) beside the standalone draft DRAFT (default: the shipped one, so
 # the call that starts this job has drafts/ back in the tree: 62 MB, nothing else carried; the head's parts
 # and the last GGUF chunk travel in the calls before it and are copied outside the repository, e.g. /root/head).
+# With HEAD, MORE_STEPS=N then trains that head N more steps (--init-from it: the run starts as exactly that
+# head, keeps its head vocabulary, and regenerates the teacher data of step 1 first; PROMPT_DIR holds the
+# prompt files when they were carried in an earlier call) and times the result the same way, as H2.
+# GPU_TESTS=1 first runs the gpu-marked tests of the head (the graph drafter's lockstep and lossless checks).
 set -euo pipefail
 chunks=$1
 out=$2
@@ -32,14 +36,35 @@ cat "$chunks"/t* > /root/gguf/qwen2.5-coder-1.5b-instruct.gguf
 sha256sum /root/gguf/*.gguf | tee "$out/sha256.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD GGUF_DIR=/root/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/res
-export PROMPTS=results/distill_prompts/humaneval.jsonl*8,results/distill_prompts/sharegpt5k.jsonl,results/distill_prompts/pystdlib.jsonl
+pd=${PROMPT_DIR:-results/distill_prompts}
+export PROMPTS=$pd/humaneval.jsonl*8,$pd/sharegpt5k.jsonl,$pd/pystdlib.jsonl
+time_head() {  # head folder, log name: plain, the standalone DRAFT and the head at k = 4, in one run
+  python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "" --skip-draft --feature-head "$1" \
+    --distilled-draft "${DRAFT:-drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768}" \
+    --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/speed \
+    --out "$out" 2>&1 | tee "$out/$2.log"
+  mv "$out/dfvg.json" "$out/$2.json"
+}
 if [ -n "${HEAD:-}" ]; then
   compgen -G "$HEAD/model.safetensors.part*" >/dev/null && cat "$HEAD"/model.safetensors.part* > "$HEAD/model.safetensors"
   sha256sum "$HEAD"/*.safetensors | tee -a "$out/sha256.txt"
-  python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "" --skip-draft --feature-head "$HEAD" \
-    --distilled-draft "${DRAFT:-drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768}" \
-    --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/speed \
-    --out "$out" 2>&1 | tee "$out/gpu_speed_fh.log"
+  if [ "${GPU_TESTS:-0}" = 1 ]; then
+    python3 -m pytest -q -m gpu tests/test_feature_head.py 2>&1 | tail -15 | tee "$out/gpu_tests.log" || true
+  fi
+  time_head "$HEAD" gpu_speed_fh || echo "timing the head failed (its log says why); training goes on"
+  [ "${MORE_STEPS:-0}" -gt 0 ] || { echo DONE; exit 0; }
+  echo "== prepare teacher ($(date -u +%T))"
+  bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
+  for attempt in 1 2 3; do  # a run stopped by its time budget resumes; an error stops after three tries
+    [ -f "$RESULTS/l4-d512-v32768-fh2/model.safetensors" ] && break
+    echo "== train H2, attempt $attempt ($(date -u +%T))"
+    FEATURE_HEAD=1 SUFFIX=2 INIT_FROM="$HEAD" STEPS="$MORE_STEPS" TIME_BUDGET=540 bash benchmarks/distill_h200.sh train \
+      2>&1 | grep -v "^step" | tail -14
+    cp "$RESULTS/l4-d512-v32768-fh2.log" "$out"/ || true
+  done
+  cp "$RESULTS/l4-d512-v32768-fh2/distill_recipe.json" "$out/l4-d512-v32768-fh2.recipe.json"
+  echo "TRAINED ($(date -u +%T))"
+  time_head "$RESULTS/l4-d512-v32768-fh2" gpu_speed_fh2
   echo DONE
   exit 0
 fi

@@ -75,8 +75,8 @@ def parse_args(argv: list[str] | None) -> DistillOptions:
     p.add_argument("--feature-weight", type=float, default=1.0, help="feature head: weight of the feature regression")
     p.add_argument("--init", default="target-pca", help="target-pca or random")
     p.add_argument("--init-from", default="",
-                   help="start from this standalone draft (same shape and training prompts): a feature head "
-                        "begins as exactly that draft, a draft trains on")
+                   help="start from this standalone draft or feature head (same shape and training prompts): "
+                        "a feature head begins as exactly that draft (or head), a draft trains on")
     p.add_argument("--eval-k", default="2,4,6,8", help="draft lengths measured on the held-out prompts")
     p.add_argument("--board", default="u280")
     p.add_argument("--verify-ms", type=float, help="a target verify time to compare the modeled block with")

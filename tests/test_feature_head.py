@@ -271,6 +271,33 @@ def test_a_head_started_from_a_draft_begins_as_that_draft(setup, distilled):  # 
             log=lambda line: None)
 
 
+def test_a_head_started_from_a_head_begins_as_that_head(setup, head_dir):  # noqa: F811
+    """--init-from a feature head: body and projections are that head's (the new run's replayed validation
+    steps before training equal the head's after its training); a standalone draft may not start from it."""
+    path, trained = head_dir
+    again = run(options(setup, "head-from-head", feature_head=True, steps=1, init_from=str(path)),
+                log=lambda line: None)
+    for k in (2, 4):
+        assert again["acceptance_before"][k] == trained["acceptance_after"][k]
+    assert trained["acceptance_after"][4]["acceptance_rate"] > 0.15
+    with pytest.raises(UserError, match="is a feature head: pass --feature-head"):
+        run(options(setup, "draft-from-head", init_from=str(path)), log=lambda line: None)
+
+
+def test_a_run_from_a_draft_keeps_its_head_vocabulary_on_other_data(setup, distilled):  # noqa: F811
+    """Teacher data regenerated differently (here: sampled at another seed) counts other head ids; a run that
+    --init-from a draft keeps that draft's ids, so its weights still mean the same tokens."""
+    draft_dir, _ = distilled
+    other = dict(steps=1, seed=5, teacher_temperature=1.0, teacher_cache=str(setup / "teacher-sampled"))
+    run(options(setup, "fresh-vocab", **other), log=lambda line: None)
+    run(options(setup, "kept-vocab", init_from=str(draft_dir), **other), log=lambda line: None)
+    ids = {name: load_model(setup / name).head_token_ids for name in ("draft", "fresh-vocab", "kept-vocab")}
+    assert not torch.equal(ids["fresh-vocab"], ids["draft"])  # the data alone would choose other rows
+    assert torch.equal(ids["kept-vocab"], ids["draft"])
+    record = json.loads((setup / "kept-vocab" / "draft_vocab.json").read_text())  # the ids the loss trained
+    assert record["token_ids"] == ids["draft"].tolist() and record["source"].startswith("kept from --init-from")
+
+
 def recorded(drafter) -> list[list[int]]:
     """Every block `drafter` proposes from now on, in order (its propose wrapped on the instance)."""
     blocks, propose = [], drafter.propose

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from dfvg.distill.teacher import TeacherSequence
 from dfvg.distill.train import BatchLoss, distill_loss, make_batch
-from dfvg.feature_head import FeatureHead
+from dfvg.feature_head import FeatureHead, load_feature_head
 from dfvg.generate import step_length
 from dfvg.model import Transformer
 from dfvg.stats import StepRecord
@@ -52,6 +52,15 @@ def init_projections(head: FeatureHead, basis: Tensor | None, seed: int, feature
         basis = torch.randn(head.target_hidden_size, d, generator=generator) * 0.02
     head.fuse.weight.copy_(torch.cat([basis.T if feature_in else torch.zeros(d, basis.shape[0]), torch.eye(d)], dim=1))
     head.predict.weight.copy_(basis)
+
+
+@torch.no_grad()
+def load_projections(head: FeatureHead, directory: str) -> None:
+    """`fuse` and `predict` from the feature head in `directory` (--init-from a head: with its body, loaded by
+    `train.init_from_draft`, the run starts as exactly that head and trains on)."""
+    source = load_feature_head(directory, target_hidden_size=head.target_hidden_size)
+    for mine, theirs in ((head.fuse, source.fuse), (head.predict, source.predict)):
+        mine.weight.copy_(theirs.weight)
 
 
 @torch.no_grad()

@@ -21,7 +21,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from dfvg.checkpoint import checkpoint_dir, config_from_dict, load_config, load_model, read_json, safetensors_files
+from dfvg.checkpoint import (
+    checkpoint_dir,
+    config_from_dict,
+    is_feature_head,
+    load_config,
+    load_model,
+    read_json,
+    safetensors_files,
+)
 from dfvg.devices import resolve_device
 from dfvg.distill import data, evaluate, export, feature, resume, sizing, teacher, train, vocab
 from dfvg.errors import UserError
@@ -63,7 +71,7 @@ class DistillOptions:
     teacher_batch: int = 16
     teacher_dtype: str = ""  # "" = bfloat16 on cuda, float32 on cpu
     init: str = "target-pca"
-    init_from: str = ""  # a standalone draft folder of this shape to start from (its weights replace --init's)
+    init_from: str = ""  # a draft (or, with feature_head, a head) of this shape to start from (replaces --init's)
     eval_ks: tuple[int, ...] = (2, 4, 6, 8)
     board: str = "u280"
     verify_ms: float | None = None
@@ -146,8 +154,10 @@ def check_fits_target(opts: DistillOptions, target_cfg) -> None:
 
 
 def check_init_shape(opts: DistillOptions) -> None:
-    """--init-from's draft has this run's layers, width and head size (its head vocabulary, which depends on the
-    teacher data, is compared once that exists: `train.init_from_draft`)."""
+    """--init-from's draft has this run's layers, width and head size (its head ids become this run's)."""
+    if is_feature_head(opts.init_from) and not opts.feature_head:
+        raise UserError(f"--init-from {opts.init_from} is a feature head: pass --feature-head to train it on (a "
+                        "standalone draft cannot start from a head's body)")
     cfg, shape = load_config(opts.init_from), opts.shape()
     theirs = (cfg.num_layers, cfg.hidden_size, cfg.head_vocab_size or None)
     if theirs != (shape.layers, shape.hidden, shape.head_vocab):
@@ -183,7 +193,9 @@ def build(opts: DistillOptions, train_seqs, target_raw: dict):
     shape = opts.shape()
     counts = vocab.count_tokens(s.continuation for s in train_seqs)
     head_ids = None
-    if opts.vocab_top:
+    if opts.vocab_top and opts.init_from:  # the draft's rows stay the same tokens, whatever this data counts
+        head_ids = vocab.head_ids_of(opts.init_from)
+    elif opts.vocab_top:
         head_ids = vocab.choose_head_vocab(counts, opts.vocab_top, target_cfg.vocab_size, eos_token_ids(opts.target))
     hf_config = export.draft_hf_config(target_cfg, target_raw, shape)
     ends = target_end_tensors(opts.target) if shape.embed_rows or opts.init == "target-pca" else None
@@ -255,7 +267,10 @@ def as_feature_head(opts: DistillOptions, body, basis, in_head, device) -> tuple
     teacher's dtype), and the loss that reads them."""
     target = load_model(opts.target, dtype=getattr(torch, teacher_dtype(opts)), device=device)
     head = FeatureHead(body, target.config.hidden_size)
-    feature.init_projections(head, basis, opts.seed, feature_in=not opts.init_from)
+    if opts.init_from and is_feature_head(opts.init_from):
+        feature.load_projections(head, opts.init_from)
+    else:
+        feature.init_projections(head, basis, opts.seed, feature_in=not opts.init_from)
     return head, target, feature.feature_loss(target, in_head, opts.feature_unroll, opts.feature_weight)
 
 
@@ -323,5 +338,7 @@ def run(opts: DistillOptions, log=print) -> dict:
     if opts.feature_head:
         save_head_parts(model, output, getattr(torch, opts.save_dtype))
     if head_ids is not None:
-        vocab.save_vocab(output, head_ids, counts, f"continuations of {len(train_prompts)} training prompts")
+        source = f"kept from --init-from {opts.init_from}" if opts.init_from else \
+            f"continuations of {len(train_prompts)} training prompts"
+        vocab.save_vocab(output, head_ids, counts, source)
     return summary

@@ -27,11 +27,12 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from dfvg.checkpoint import checkpoint_dir, load_model, safetensors_files
+from dfvg.checkpoint import checkpoint_dir, is_feature_head, load_model, safetensors_files
 from dfvg.devices import tf32_matmuls
 from dfvg.distill import resume
 from dfvg.distill.teacher import TeacherSequence
 from dfvg.errors import UserError
+from dfvg.feature_head import WEIGHTS_FILE as FEATURE_WEIGHTS_FILE
 from dfvg.model import ModelConfig, Transformer
 
 INIT_STD = 0.02
@@ -99,21 +100,23 @@ def init_from_target(model: Transformer, embed: Tensor, head: Tensor) -> Tensor:
 @torch.no_grad()
 def init_from_draft(model: Transformer, directory: str) -> str:
     """Start `model` as the standalone draft in `directory` (--init-from: a feature head begins as the draft
-    it extends, or a draft trains on from an earlier run); returns that draft's model.safetensors sha256.
+    it extends, or a draft trains on from an earlier run), or as the body of the feature head there (a head
+    trains on: its projections are `feature.load_projections`'s); returns the sha256 of that folder's
+    weight files (a head's projections included).
 
-    The draft must have this run's shape and head vocabulary (same --layers/--hidden/--vocab-top and the
-    same training prompts); anything else is refused in one line."""
-    source = load_model(directory)
+    The draft must have this run's shape (same --layers/--hidden/--vocab-top); anything else is refused in
+    one line. The run's head vocabulary is that draft's (pipeline.build), so regenerated teacher data that
+    counts tokens a little differently still continues it."""
+    source = load_model(directory, feature_head_body=True)
     theirs, ours = source.state_dict(), model.state_dict()
     shapes = {n: tuple(t.shape) for n, t in ours.items()}
     if {n: tuple(t.shape) for n, t in theirs.items()} != shapes:
         raise UserError(f"--init-from {directory}: its shape differs from this run's draft; give the same "
                         "--layers, --hidden and --vocab-top it was trained with")
-    if model.config.head_vocab_size and not torch.equal(theirs["head_token_ids"].cpu(), ours["head_token_ids"].cpu()):
-        raise UserError(f"--init-from {directory}: its head vocabulary differs from this run's (chosen from other "
-                        "training prompts); give the --prompts and split it was trained with")
     model.load_state_dict(theirs)
     files = safetensors_files(checkpoint_dir(directory))
+    if is_feature_head(directory):
+        files.append(checkpoint_dir(directory) / FEATURE_WEIGHTS_FILE)
     return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
 

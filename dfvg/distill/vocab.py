@@ -20,8 +20,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import Tensor
 
+from dfvg.checkpoint import checkpoint_dir, safetensors_files
 from dfvg.errors import UserError
 
 VOCAB_FILE = "draft_vocab.json"
@@ -51,6 +53,17 @@ def choose_head_vocab(counts: Counter, size: int, vocab_size: int, required: Ite
     taken = set(chosen)
     chosen += [i for i in range(vocab_size) if i not in taken][: size - len(chosen)]
     return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def head_ids_of(directory: str | Path) -> Tensor:
+    """The head ids [V] a draft's (or a feature head's) checkpoint stores: `lm_head.token_ids` (--init-from
+    keeps them, so a run that continues a draft on regenerated teacher data has that draft's head rows)."""
+    for file in safetensors_files(checkpoint_dir(directory)):
+        with safe_open(str(file), framework="pt") as handle:
+            if "lm_head.token_ids" in handle.keys():
+                return handle.get_tensor("lm_head.token_ids").long()
+    raise UserError(f"{directory} has no subset head (lm_head.token_ids); start from a draft trained with "
+                    "--vocab-top, or pass --vocab-top 0")
 
 
 def coverage(counts: Counter, head_ids: Tensor) -> float:
