@@ -159,6 +159,7 @@ def phase_dfvg(args, models) -> dict:
         for k in ks(args):
             runs[f"dfvg_feature_k{k}"] = timed_runs(f"dfvg spec feature-head k={k}", prompts,
                                                     dfvg_runner(head_verifier, head, k, n), dev)
+        runs.update(tree_runs(args, prompts, head_verifier, head, "dfvg_feature_tree"))
     for other in (kind for kind in KERNELS if kind != args.kernels and not args.one_kernel):
         other_verifier, _ = graph_pair(args, models, other)
         runs[f"dfvg_{other}_plain"] = timed_runs(f"dfvg plain ({other})", prompts,
@@ -172,7 +173,8 @@ def phase_dfvg(args, models) -> dict:
 
 
 def tree_runs(args, prompts: list[dict], verifier, drafter, prefix: str) -> dict:
-    """Each `--trees` shape at k = 4 through `Engine.decode(tree=...)`: the device tree step, greedy."""
+    """Each `--trees` shape at k = 4 through `Engine.decode(tree=...)`, greedy: the device tree step, or for a
+    feature head the eager tree step (`FeatureTreeDrafter`; no graph of it yet)."""
     runs = {}
     for spec in args.trees:
         name = f"{prefix}_{spec.label().replace(',', '-').replace(':', '')}"

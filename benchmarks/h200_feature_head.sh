@@ -24,6 +24,7 @@
 # With HEAD, MORE_STEPS=N then trains that head N more steps (--init-from it: the run starts as exactly that
 # head, keeps its head vocabulary, and regenerates the teacher data of step 1 first; PROMPT_DIR holds the
 # prompt files when they were carried in an earlier call) and times the result the same way, as H2.
+# TREES (default "dynamic:16 dynamic:40") are the tree shapes the first timing adds for DRAFT and the head.
 # GPU_TESTS=1 first runs the gpu-marked tests of the head (the graph drafter's lockstep and lossless checks).
 set -euo pipefail
 chunks=$1
@@ -38,8 +39,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD GGUF_DIR=/root/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/res
 pd=${PROMPT_DIR:-results/distill_prompts}
 export PROMPTS=$pd/humaneval.jsonl*8,$pd/sharegpt5k.jsonl,$pd/pystdlib.jsonl
-time_head() {  # head folder, log name: plain, the standalone DRAFT and the head at k = 4, in one run
-  python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "" --skip-draft --feature-head "$1" \
+time_head() {  # head folder, log name[, trees]: plain, the standalone DRAFT and the head at k = 4 (and each
+  # tree shape for both), in one run
+  python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "${3:-}" --skip-draft --feature-head "$1" \
     --distilled-draft "${DRAFT:-drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768}" \
     --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/speed \
     --out "$out" 2>&1 | tee "$out/$2.log"
@@ -51,7 +53,7 @@ if [ -n "${HEAD:-}" ]; then
   if [ "${GPU_TESTS:-0}" = 1 ]; then
     python3 -m pytest -q -m gpu tests/test_feature_head.py 2>&1 | tail -15 | tee "$out/gpu_tests.log" || true
   fi
-  time_head "$HEAD" gpu_speed_fh || echo "timing the head failed (its log says why); training goes on"
+  time_head "$HEAD" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why); training goes on"
   [ "${MORE_STEPS:-0}" -gt 0 ] || { echo DONE; exit 0; }
   echo "== prepare teacher ($(date -u +%T))"
   bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20

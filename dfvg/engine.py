@@ -170,9 +170,9 @@ class Engine:
         token-tree speculation (`tree`, dfvg.tree_step)."""
         sampling = sampling or SamplingParams()
         k = k if drafter is not None else 0
-        if isinstance(drafter, FeatureDrafter) and (tree is not None or mode != "sync" or adaptive is not None):
-            raise UserError("a feature head drafts chains in the sync schedule only (it needs the features of "
-                            "the block just verified); drop the tree, the overlap schedule or the adaptive length")
+        if isinstance(drafter, FeatureDrafter) and (mode != "sync" or adaptive is not None):
+            raise UserError("a feature head drafts in the sync schedule only (it needs the features of the "
+                            "block just verified); drop the overlap schedule or the adaptive length")
         self._remember(drafter)
         shared = share_drafts(self.verifier, drafter)
         if shared is not drafter or isinstance(drafter, ReceivedDrafts):  # tensor parallel: rank 0 broadcasts

@@ -24,6 +24,7 @@ from torch import Tensor
 from dfvg.devices import synchronize
 from dfvg.drafter import DraftBlock, Drafter, TorchDrafter, fit_vocab
 from dfvg.errors import UserError
+from dfvg.feature_head import FeatureDrafter
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.fpga.datapath.tree_drafter import DatapathTreeDrafter
 from dfvg.generate import Outcome
@@ -79,11 +80,8 @@ class TreeDrafter:
     @torch.inference_mode()
     def propose(self, context: list[int], depth: int, sampling: SamplingParams, rng: torch.Generator) -> DraftTree:
         start = time.perf_counter()
-        d = self.drafter
-        fed_from = min(d.cached_len, len(context) - 1)
-        logits = d._next_logits(context[fed_from:], fed_from)[None]  # [1, V] after the root
-        d.cached_len = len(context)
         self.root_pos = len(context) - 1
+        logits = self._root(context)  # [1, V] after the root
         grown, frontier = Candidates(), [-1]
         for level in range(depth):
             added = self._expand(grown, frontier, logits, level, sampling, rng)
@@ -96,6 +94,15 @@ class TreeDrafter:
         synchronize(self.device)
         tree.elapsed_s = time.perf_counter() - start
         return tree
+
+    def _root(self, context: list[int]) -> Tensor:
+        """Catch the draft up on the committed tokens it has not fed (as the chain drafter does); the logits
+        [1, V] after the root (the last committed token)."""
+        d = self.drafter
+        fed_from = min(d.cached_len, len(context) - 1)
+        logits = d._next_logits(context[fed_from:], fed_from)[None]
+        d.cached_len = len(context)
+        return logits
 
     def _expand(self, grown: Candidates, frontier: list[int], logits: Tensor, level: int,
                 sampling: SamplingParams, rng: torch.Generator) -> list[int]:
@@ -144,6 +151,48 @@ class TreeDrafter:
         self.drafter.cached_len = self.root_pos + 1 + len(kept)
 
 
+class FeatureTreeDrafter(TreeDrafter):
+    """The trees of a feature head (dfvg.feature_head), grown as EAGLE-2 grows them on `TreeDrafter`'s shapes.
+
+    The root: the committed positions not yet fed with the target's features are fed with them (the chain
+    drafter's catch-up), giving the logits after the root and the root's predicted feature f^. Each level:
+    every frontier node is fed at its tree slot with its token and its parent's f^ (the target never saw a
+    drafted node), attending to the committed positions and its ancestors. A node's first child is the
+    head's argmax, so the first-child path is the chain `FeatureDrafter.propose` drafts.
+    Nothing a tree fed is kept after the verify: its nodes read predicted features, and only positions fed
+    with the target's own features stay (`FeatureDrafter.rollback`); the next catch-up feeds the accepted
+    path again with the features the verify wrote (`verify_tree`)."""
+
+    def __init__(self, drafter: FeatureDrafter, spec: TreeSpec):
+        self.drafter, self.spec = drafter, spec
+        self.model, self.device = drafter.head.body, drafter.device
+        self.slots: list[int] = []
+        self.root_pos = 0
+        self.predicted: dict[int, Tensor] = {}  # node index (-1: the root) -> its f^ [H]
+
+    def _root(self, context: list[int]) -> Tensor:
+        d = self.drafter
+        fed_from = min(d.true_len, len(context) - 1)
+        logits, root_feature = d._feed(context[fed_from:], fed_from, d._true_features(fed_from, len(context)))
+        d.cached_len = d.true_len = len(context)
+        self.predicted = {-1: root_feature}
+        return logits[None]
+
+    def _feed(self, grown: Candidates, frontier: list[int]) -> Tensor:
+        """Feed the frontier nodes at their tree slots with their parents' f^; their logits [F, V]."""
+        assert self.root_pos + len(grown.tokens) < self.model.max_seq_len, "draft cache too small for the tree"
+        positions, slots, mask = tree_inputs(self.root_pos, grown.parents, self.model.max_seq_len, self.device)
+        rows = torch.tensor([1 + i for i in frontier], device=self.device)
+        ids = torch.tensor([[grown.tokens[i] for i in frontier]], device=self.device)
+        features = torch.stack([self.predicted[grown.parents[i]] for i in frontier])[None]
+        logits, predicted = self.drafter.head(ids, positions[:, rows], features, slots[:, rows], mask[:, :, rows])
+        self.predicted.update(zip(frontier, predicted[0], strict=True))
+        return fit_vocab(logits[0], self.drafter.vocab_size)
+
+    def accept(self, path: list[int]) -> None:
+        self.drafter.rollback(self.root_pos + 1)
+
+
 def verify_tree(verifier: TorchVerifier, seq: list[int], tree: DraftTree, sampling: SamplingParams,
                 rng: torch.Generator) -> tuple[list[int], int]:
     """Score the root and every node in one target pass, accept a path, compact the target's cache."""
@@ -152,11 +201,15 @@ def verify_tree(verifier: TorchVerifier, seq: list[int], tree: DraftTree, sampli
     positions, slots, mask = tree_inputs(root_pos, tree.parents, model.max_seq_len, device)
     ids = torch.tensor([[seq[-1], *tree.tokens]], device=device)
     with torch.inference_mode():
-        logits = model(ids, positions, slots=slots, mask=mask)[0]  # [N+1, V]
-        target_probs = processed_probs(logits, sampling)
+        hidden = model.run_layers(model.embed(ids), positions, slots, mask)[0]  # [N+1, D]
+        target_probs = processed_probs(model.logits(hidden), sampling)
         uniforms = torch.rand(len(tree.tokens) + 1, generator=rng)
         path, next_token = accept_tree(tree.tokens, tree.parents, tree.probs, target_probs, uniforms)
         compact_cache(model, [root_pos + 1 + i for i in path], root_pos + 1)
+        if verifier.keep_features:  # a feature head reads the root's and the path's at their new positions
+            rows = torch.tensor([0] + [1 + i for i in path], device=device)
+            verifier.features[root_pos: root_pos + len(rows)] = model.norm(hidden[rows])
+            verifier.features_end = root_pos + len(rows)
     synchronize(device)
     return path, next_token
 
@@ -203,6 +256,9 @@ def tree_step(verifier: Verifier, drafter: Drafter, spec: TreeSpec, sampling: Sa
     if type(verifier) is not TorchVerifier:
         raise UserError("a token tree verifies on one process's eager target; tensor parallelism has no tree yet")
     rng = torch.Generator().manual_seed(seed)
+    if isinstance(drafter, FeatureDrafter):  # the head reads the features this eager verifier writes
+        head = FeatureDrafter(drafter.head, verifier, drafter.vocab_size)
+        return TreeStep(verifier, FeatureTreeDrafter(head, spec), spec, sampling, rng, draft_length)
     if isinstance(drafter, FpgaDrafter):
         return TreeStep(verifier, DatapathTreeDrafter(drafter, check_fpga_tree(drafter, spec, sampling)), spec,
                         sampling, rng, draft_length)

@@ -165,8 +165,8 @@ def test_the_cli_drafts_with_a_feature_head(head_dir, setup):  # noqa: F811
 def test_unsupported_schedules_and_bad_folders_are_refused(head_dir, setup, tmp_path):  # noqa: F811
     verifier, drafter = drafter_for(head_dir[0], setup)
     engine = Engine(verifier)
-    for kwargs in ({"tree": TreeSpec((2, 1))}, {"mode": "overlap"}):
-        with pytest.raises(UserError, match="feature head drafts chains in the sync schedule"):
+    for kwargs in ({"mode": "overlap"}, {"mode": "overlap", "tree": TreeSpec((2, 1))}):
+        with pytest.raises(UserError, match="feature head drafts in the sync schedule"):
             engine.decode(drafter, list(PROMPTS[0]), 8, k=2, **kwargs)
     with pytest.raises(UserError, match="one sequence at a time"):
         engine.decode_batch([drafter, drafter], [list(PROMPTS[0])] * 2, 8, k=2)

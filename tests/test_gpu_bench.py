@@ -130,6 +130,7 @@ def test_tiny_benchmark_applies_the_sweeps_block_sizes_and_runs_every_kernel_cho
     assert dfvg["dfvg_feature_k2"]["tokens"] == dfvg["dfvg_plain"]["tokens"]  # the head's row, lossless
     for tree in ("dfvg_tree_2-2-1-1", "dfvg_tree_4-2-1-1", "dfvg_tree_dynamic16"):  # --trees' default shapes
         assert dfvg[tree]["tokens"] == dfvg["dfvg_plain"]["tokens"]
+        assert dfvg[tree.replace("dfvg_tree", "dfvg_feature_tree")]["tokens"] == dfvg["dfvg_plain"]["tokens"]
         assert dfvg[tree]["stats"][0]["num_draft_tokens"] > dfvg["dfvg_spec_k2"]["stats"][0]["num_draft_tokens"]
     assert [123, 456, {"BN": 16, "BK": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}] in dfvg["fused_tuned"]
     fpga = json.loads((tmp_path / "res" / "fpga.json").read_text())

@@ -1,0 +1,99 @@
+"""Token trees drafted by a feature head (dfvg.tree_step.FeatureTreeDrafter) on the tiny target of
+test_distill: lossless, the first-child path is the head's chain, the tree accepts at least what the chain
+does, and the features the tree verify writes are the ones plain decoding would write."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dfvg.checkpoint import load_model
+from dfvg.engine import Engine, make_drafter
+from dfvg.feature_head import FeatureDrafter, load_feature_head
+from dfvg.generate import generate
+from dfvg.sampling import SamplingParams
+from dfvg.tree import parse_tree_spec
+from dfvg.tree_step import FeatureTreeDrafter, tree_step
+from dfvg.verifier import TorchVerifier
+from tests.conftest import EOS_ID
+from tests.test_distill import VOCAB
+from tests.test_distill import setup as setup  # noqa: F401  (the tiny peaked target and its prompts)
+from tests.test_feature_head import PROMPTS
+from tests.test_feature_head import head_dir as head_dir  # noqa: F401  (a head trained on it)
+from tests.test_feature_head import random_head as random_head  # noqa: F401  (a feature-sensitive pair)
+
+
+def head_engine(head_dir, setup):  # noqa: F811
+    verifier = TorchVerifier(load_model(setup / "target"))
+    return Engine(verifier), make_drafter(head_dir[0], "cpu", torch.float32, VOCAB, fast=False, verifier=verifier)
+
+
+def mean_accepted(results) -> float:
+    steps = [s for r in results for s in r.steps]
+    return sum(s.num_accepted for s in steps) / len(steps)
+
+
+def test_greedy_head_trees_equal_plain_and_accept_more_than_the_chain(head_dir, setup):  # noqa: F811
+    engine, drafter = head_engine(head_dir, setup)
+    plain = [generate(TorchVerifier(load_model(setup / "target")), list(p), 30, eos_ids=[EOS_ID]) for p in PROMPTS]
+    chain = [engine.decode(drafter, list(p), 30, k=3, eos_ids=[EOS_ID]) for p in PROMPTS]
+    for spec in ("3,2,1", "dynamic:12"):
+        trees = [engine.decode(drafter, list(p), 30, k=3, eos_ids=[EOS_ID], tree=parse_tree_spec(spec))
+                 for p in PROMPTS]
+        assert [t.tokens for t in trees] == [p.tokens for p in plain]
+        assert mean_accepted(trees) >= mean_accepted(chain) > 0.5
+    assert [c.tokens for c in chain] == [p.tokens for p in plain]
+    assert trees[1].steps[0].num_drafted == 12  # the dynamic tree keeps its budget of nodes
+
+
+@pytest.mark.parametrize("pair", ["trained", "random"])
+def test_the_first_child_path_is_the_heads_chain_at_every_step(head_dir, setup, random_head, pair):  # noqa: F811
+    """Lockstep from the same verified state: the tree's first children from the root down are the block the
+    chain drafter proposes (same features, same positions), after a catch-up of any length. The random pair's
+    drafts depend on every feature a node reads (a node fed its grandparent's f^ gives another token)."""
+    head, root = (load_feature_head(head_dir[0]), setup) if pair == "trained" else random_head
+    verifier = TorchVerifier(load_model(root / "target"))
+    greedy = SamplingParams()
+    step = tree_step(verifier, FeatureDrafter(head, verifier), parse_tree_spec("2,2,2"), greedy, 0, 3)
+    assert isinstance(step.tree_drafter, FeatureTreeDrafter)
+    chain = FeatureDrafter(copy.deepcopy(head), verifier)
+    prompt = list(PROMPTS[1]) if pair == "trained" else [5, 17, 33, 8, 2, 41]  # the random pair has 96 ids
+    step.prefill(prompt, 64)
+    chain.prefill(prompt, 64)
+    seq, compared = list(prompt), 0
+    while len(seq) < len(prompt) + 20:
+        want = chain.propose(seq, 3, greedy, None).tokens
+        tree = step.tree_drafter.propose(seq, 3, greedy, None)
+        node, path = -1, []
+        for _ in range(3):
+            node = tree.parents.index(node)  # a node's first child is created first
+            path.append(tree.tokens[node])
+        assert path == want
+        compared += 1
+        chain.rollback(len(seq))  # the step below runs the tree drafter and the verify on a fresh tree
+        outcome = step(seq, 3)
+        seq += outcome.block.tokens[: outcome.num_accepted] + [outcome.next_token]
+    assert compared >= 4
+
+
+def test_the_tree_verify_writes_the_features_plain_decoding_writes(head_dir, setup):  # noqa: F811
+    engine, drafter = head_engine(head_dir, setup)
+    prompt = list(PROMPTS[0])
+    result = engine.decode(drafter, prompt, 20, k=3, tree=parse_tree_spec("2,2,1"))
+    fresh = TorchVerifier(load_model(setup / "target"))
+    fresh.keep_features = True
+    fresh.prefill(prompt + result.tokens, 64)  # one pass over the committed sequence
+    written = engine.verifier.features_end
+    assert written >= len(prompt) + 15
+    torch.testing.assert_close(engine.verifier.features[:written], fresh.features[:written], atol=1e-4, rtol=1e-4)
+
+
+def test_sampled_head_trees_are_seeded(head_dir, setup):  # noqa: F811
+    engine, drafter = head_engine(head_dir, setup)
+    spec, params = parse_tree_spec("2,2,1"), SamplingParams(1.0)
+    first = engine.decode(drafter, list(PROMPTS[0]), 12, k=3, tree=spec, sampling=params, seed=3)
+    again = engine.decode(drafter, list(PROMPTS[0]), 12, k=3, tree=spec, sampling=params, seed=3)
+    assert first.tokens == again.tokens and len(first.tokens) == 12
+    assert first.steps[0].num_drafted == 10
