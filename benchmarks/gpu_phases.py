@@ -146,16 +146,8 @@ def phase_dfvg(args, models) -> dict:
         runs.update(tree_runs(args, prompts, verifier, small, "dfvg_distilled_tree"))
         if dev.startswith("cuda"):
             runs["step_times_distilled"] = step_times(verifier, small, ks(args))
-    if "feature_head" in models:  # a target verifier of its own: a head turns feature writes on, and the
-        # shared one also serves the other rows and phases of this process
-        head_verifier = GraphVerifier(models["target"], compile_blocks=args.kernels == "compiled",
-                                      fused_layers=args.kernels == "fused", cache_len=cache_len(models, args))
-        head = GraphFeatureDrafter(models["feature_head"], head_verifier, head_verifier.vocab_size,
-                                   compile_blocks=args.kernels == "compiled", cache_len=cache_len(models, args),
-                                   fused_layers=args.kernels == "fused")  # what make_drafter gives on CUDA
-        dfvg_runner(head_verifier, head, max(ks(args)), n)(prompts[0]["ids"])  # caches sized, then every verify
-        head_verifier.prepare(max(ks(args)) + 1)  # length and block graph captured before the timed prompts
-        head.prepare(max(ks(args)))
+    if "feature_head" in models:
+        head_verifier, head = feature_pair(args, models, prompts[0]["ids"])
         for k in ks(args):
             runs[f"dfvg_feature_k{k}"] = timed_runs(f"dfvg spec feature-head k={k}", prompts,
                                                     dfvg_runner(head_verifier, head, k, n), dev)
@@ -170,6 +162,21 @@ def phase_dfvg(args, models) -> dict:
     runs["dfvg_plain_eager"] = timed_runs("dfvg plain (eager, 3 prompts)", prompts[:3],
                                           lambda ids: _out(generate(eager, ids, n)), dev)
     return runs
+
+
+def feature_pair(args, models: dict, warm_ids: list[int]) -> tuple[GraphVerifier, GraphFeatureDrafter]:
+    """The feature head's pair as `make_drafter` builds it on CUDA, warmed on `warm_ids`: a target verifier of
+    its own (a head turns feature writes on; the shared one also serves the other rows of this process),
+    every verify length and every block graph captured before anything is timed."""
+    head_verifier = GraphVerifier(models["target"], compile_blocks=args.kernels == "compiled",
+                                  fused_layers=args.kernels == "fused", cache_len=cache_len(models, args))
+    head = GraphFeatureDrafter(models["feature_head"], head_verifier, head_verifier.vocab_size,
+                               compile_blocks=args.kernels == "compiled", cache_len=cache_len(models, args),
+                               fused_layers=args.kernels == "fused")
+    dfvg_runner(head_verifier, head, max(ks(args)), args.max_new_tokens)(warm_ids)  # caches sized
+    head_verifier.prepare(max(ks(args)) + 1)
+    head.prepare(max(ks(args)))
+    return head_verifier, head
 
 
 def tree_runs(args, prompts: list[dict], verifier, drafter, prefix: str) -> dict:
