@@ -175,8 +175,11 @@ class FeatureDrafter:
         return torch.cat([rows.new_zeros(1, rows.shape[1]), rows]) if start == 0 else rows
 
     def _feed(self, tokens: list[int], start_pos: int, features: Tensor) -> tuple[Tensor, Tensor]:
-        """Feed tokens at start_pos.. with their features [T, H]: (logits [V] after the last, its f^ [H])."""
+        """Feed tokens at start_pos.. with their features [T, H]: (logits [V] after the last, its f^ [H]).
+        Only the last row's outputs are computed: a prompt's full-vocabulary logits for every row were a
+        [T, 151,936] float32 tensor that nothing reads (134 of the 190 ms of a 149-token prefill on a CPU)."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         positions = torch.arange(start_pos, start_pos + len(tokens), device=self.device)[None]
-        logits, predicted = self.head(ids, positions, features[None])
+        last = torch.tensor([len(tokens) - 1], device=self.device)
+        logits, predicted = self.head(ids, positions, features[None], rows=last)
         return fit_vocab(logits[0, -1], self.vocab_size), predicted[0, -1]
