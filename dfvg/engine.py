@@ -189,7 +189,7 @@ class Engine:
                                 sampling=sampling, seed=seed, draft_length=k, mode=mode, adaptive=adaptive,
                                 timeline=timeline)
         live = guard.select() if guard is not None else None  # the drafter that drafts now (None: target only)
-        on_device = guard is None or isinstance(live, GraphDrafter)
+        on_device = guard is None or isinstance(live, (GraphDrafter, GraphFeatureDrafter))
         if sampling.greedy and on_device and fits_device_step(self.verifier, live, len(prompt_ids), k):
             step = self._device_step(live, k, guard)
         else:
@@ -245,7 +245,8 @@ class Engine:
         if drafter is not None and all(d is not drafter for d in self.drafters):
             self.drafters.append(drafter)
 
-    def _device_step(self, drafter: GraphDrafter | None, k: int, guard: GuardedDrafter | None) -> DeviceStep:
+    def _device_step(self, drafter: GraphDrafter | GraphFeatureDrafter | None, k: int,
+                     guard: GuardedDrafter | None) -> DeviceStep:
         key = (id(drafter), k)
         if key not in self.device_steps:
             self.device_steps[key] = DeviceStep(self.verifier, drafter, k, guard)

@@ -8,7 +8,10 @@ logits through acceptance). Here those crossings become graph replays whose only
   acceptance per row (`dfvg.gpu.kernels.greedy_accept`) and the update of the device-resident state
   [prev_token, last_token, last_pos] of every row that is still decoding. The host copies B x (k+2) integers
   back - the one sync acceptance needs. Plain decoding is its k = 0 case.
-- `DeviceStep` is the engine's `Step` for one sequence: `DeviceRows` with B = 1 (fused Triton layers).
+- `DeviceStep` is the engine's `Step` for one sequence: `DeviceRows` with B = 1 (fused Triton layers). With
+  a feature head (`GraphFeatureDrafter`) the same replay drafts with the head (`feature_step_body`: its
+  catch-up on the last k + 1 committed positions with the target's features, which the verify writes) and
+  keeps the committed tokens on the device for that catch-up.
   Batches (`dfvg.host.batch.DeviceBatchStep`) use the same rows with B > 1 (compiled blocks).
 - `dfvg.gpu.graphs.verify_greedy` is the verify-and-accept half alone, for drafts made elsewhere (the FPGA
   datapath, an XRT board, a CPU draft): the drafts go into the same captured verify + acceptance, so every
@@ -35,7 +38,7 @@ from torch import Tensor
 from dfvg.drafter import DraftBlock
 from dfvg.fallback import GuardedDrafter, take_faults
 from dfvg.generate import GREEDY, HostStep, Outcome
-from dfvg.gpu.graph_drafter import GraphDrafter, draft_body
+from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter, draft_body, feature_block
 from dfvg.gpu.graphs import VERIFY_ROWS, GraphModel, GraphVerifier
 from dfvg.gpu.kernels import greedy_accept
 
@@ -65,10 +68,37 @@ def step_body(target: GraphModel, drafter: GraphModel | None, state: Tensor, dra
     return record
 
 
+def feature_step_body(target: GraphModel, drafter: GraphFeatureDrafter, state: Tensor, history: Tensor,
+                      drafts: Tensor, record: Tensor, vocab: int) -> Tensor:
+    """One greedy step of one sequence drafted by a feature head. state [1, 3] as `step_body`'s; history [S]
+    the committed tokens by position (this step writes its own).
+
+    The head's catch-up is always the last k + 1 committed positions, fed with the target's features
+    (target.features, written by every verify): the positions a previous block fed with the head's own f^
+    are rewritten with the true ones, and the others with the same values they hold, so one shape serves
+    every accepted count (the standalone draft's two-token catch-up, for a head)."""
+    k = drafts.shape[1]
+    last_pos = state[0, 2]
+    fed = last_pos - k + torch.arange(k + 1, device=state.device)  # positions L-1-k .. L-1
+    features = target.features[fed - 1].to(drafter.head.fuse.weight.dtype)
+    feature_block(drafter.head, drafter.gm, history[fed], fed, features, drafts, vocab)
+    ids = torch.cat([state[:, 1:2], drafts], dim=1)  # [1, k+1]
+    pos = state[:, 2:3] + torch.arange(k + 1, device=state.device)
+    num, nxt = accept_rows(target.forward_rows(ids, pos), drafts)
+    history.index_copy_(0, pos[0, 1:], drafts[0])  # drafts past the accepted ones are overwritten later
+    history.index_copy_(0, (last_pos + num[0] + 1), nxt[0])
+    state.copy_(torch.cat([ids.gather(1, num), nxt, state[:, 2:3] + num + 1], dim=1))
+    record.copy_(torch.cat([num, nxt, drafts], dim=1))
+    return record
+
+
 class DeviceRows:
     """The captured greedy step of `rows` sequences over a graph verifier and a graph drafter (or none)."""
 
-    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | None, k: int, rows: int = 1):
+    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | GraphFeatureDrafter | None, k: int,
+                 rows: int = 1):
+        if isinstance(drafter, GraphFeatureDrafter) and rows != 1:
+            raise ValueError("a feature head drafts one sequence at a time")
         self.verifier, self.drafter, self.rows = verifier, drafter, rows
         self.device = verifier.device
         self.k = k if drafter is not None else 0
@@ -93,6 +123,10 @@ class DeviceRows:
             self.state.copy_(torch.tensor([[0, 0, scratch + 1]]).expand(self.rows, 3))
 
         body = lambda: step_body(target, draft, self.state, self.drafts, self.record, self.active, vocab)  # noqa: E731
+        if isinstance(self.drafter, GraphFeatureDrafter):
+            self.history = torch.zeros(target.cache_len, dtype=torch.long, device=self.device)
+            body = lambda: feature_step_body(target, self.drafter, self.state, self.history, self.drafts,  # noqa: E731
+                                             self.record, vocab)
         self.graph, _ = target.capture(("fast", self.k, self.rows, id(draft)), body, before=reset)
         self._cache_ids = self._cache_key()
 
@@ -106,6 +140,8 @@ class DeviceRows:
             self._capture()
         self.state.copy_(torch.tensor([[p[max(len(p) - 2, 0)], p[-1], len(p) - 1] for p in prompts]))
         self.active.fill_(1)
+        if isinstance(self.drafter, GraphFeatureDrafter):
+            self.history[: len(prompts[0])].copy_(torch.tensor(prompts[0]))
 
     def retire(self, row: int) -> None:
         """Row `row` finished: it stops advancing (and so stays inside its cache)."""
@@ -120,7 +156,7 @@ class DeviceRows:
 class DeviceStep:
     """The engine's step for one sequence on a graph verifier and a graph drafter (or none): one replay."""
 
-    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | None, k: int,
+    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | GraphFeatureDrafter | None, k: int,
                  guard: GuardedDrafter | None = None):
         self.rows = DeviceRows(verifier, drafter, k, 1)
         self.verifier, self.drafter, self.device = verifier, drafter, verifier.device
@@ -148,6 +184,8 @@ class DeviceStep:
             ok, record = self.guard.run(self._replay) if self.guard is not None else (True, self._replay())
             if ok:
                 num, nxt, *drafts = record
+                self.verifier.features_end = len(seq) + self.rows.k  # the verify rows' features (a head's host
+                # step reads them should a later replay fail)
                 return Outcome(DraftBlock(drafts, None, 0.0), num, nxt, time.perf_counter() - start,
                                take_faults(self.guard))
             self._to_host()
@@ -162,7 +200,10 @@ class DeviceStep:
 
 
 def fits_device_step(verifier: object, drafter: object, prompt_len: int, k: int) -> bool:
-    """Whether the device step can run this generation: graph models only, a token before the last one, and
-    at most the acceptance kernel's rows."""
-    graph_drafter = drafter is None or isinstance(drafter, GraphDrafter)
-    return isinstance(verifier, GraphVerifier) and graph_drafter and prompt_len >= 2 and k + 1 <= VERIFY_ROWS
+    """Whether the device step can run this generation: graph models only, a token before the last one (a
+    feature head: the k + 1 positions of its catch-up, each after a position with a feature), and at most the
+    acceptance kernel's rows."""
+    head = isinstance(drafter, GraphFeatureDrafter)
+    graph_drafter = drafter is None or isinstance(drafter, GraphDrafter) or head
+    shortest = k + 2 if head else 2
+    return isinstance(verifier, GraphVerifier) and graph_drafter and prompt_len >= shortest and k + 1 <= VERIFY_ROWS

@@ -174,12 +174,18 @@ class _FeatureDraftGraph:
 
 def feature_draft_body(head: FeatureHead, gm: GraphModel, state: Tensor, inputs: Tensor, drafts: Tensor,
                        vocab: int) -> Tensor:
-    """Device-only drafting of one block (see `GraphFeatureDrafter`): FeatureHead.forward's arithmetic on
-    the graph model's layers, the argmax and f^ of each position feeding the next."""
+    """Device-only drafting of one block (see `GraphFeatureDrafter`) from state [1, c + 1] and inputs[:c]."""
     c = state.shape[1] - 1
-    ids, first = state[0, :c], state[0, c]
-    features = inputs[:c]
-    pos = first + torch.arange(c, device=state.device)
+    pos = state[0, c] + torch.arange(c, device=state.device)
+    return feature_block(head, gm, state[0, :c], pos, inputs[:c], drafts, vocab)
+
+
+def feature_block(head: FeatureHead, gm: GraphModel, ids: Tensor, pos: Tensor, features: Tensor, drafts: Tensor,
+                  vocab: int) -> Tensor:
+    """The c catch-up rows ids [c] at positions pos [c] with the target's features [c, H], then k - 1 rows on
+    the head's own f^: FeatureHead.forward's arithmetic on the graph model's layers, each draft's argmax and
+    f^ feeding the next; drafts [1, k] written. Shared by the head's block graph and the fused device step
+    (`dfvg.gpu.fast.feature_step_body`)."""
     for i in range(drafts.shape[1]):
         x = head.fuse(torch.cat([features, head.body.embed(ids)], dim=-1))
         logits, hidden = gm.forward_inputs(x, pos)
