@@ -25,6 +25,8 @@
 # head, keeps its head vocabulary, and regenerates the teacher data of step 1 first; PROMPT_DIR holds the
 # prompt files when they were carried in an earlier call) and times the result the same way, as H2.
 # TREES (default "dynamic:16 dynamic:40") are the tree shapes the first timing adds for DRAFT and the head.
+# After the first timing, benchmarks/feature_head_probe.py splits the head's prefill and profiles a request.
+# The trained H2 lands in $out/h2 as 15 MiB parts (fetch at most 8 files per call).
 # GPU_TESTS=1 first runs the gpu-marked tests of the head (the graph drafter's lockstep and lossless checks).
 set -euo pipefail
 chunks=$1
@@ -51,9 +53,12 @@ if [ -n "${HEAD:-}" ]; then
   compgen -G "$HEAD/model.safetensors.part*" >/dev/null && cat "$HEAD"/model.safetensors.part* > "$HEAD/model.safetensors"
   sha256sum "$HEAD"/*.safetensors | tee -a "$out/sha256.txt"
   if [ "${GPU_TESTS:-0}" = 1 ]; then
-    python3 -m pytest -q -m gpu tests/test_feature_head.py 2>&1 | tail -15 | tee "$out/gpu_tests.log" || true
+    python3 -m pytest -q -m gpu tests/test_feature_head.py tests/test_feature_device_step.py 2>&1 | tail -15 | tee "$out/gpu_tests.log" || true
   fi
   time_head "$HEAD" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why); training goes on"
+  python3 benchmarks/feature_head_probe.py --phases dfvg --ks 4 --one-kernel --skip-draft --feature-head "$HEAD" \
+    --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 6 --results /root/probe \
+    --out "$out" 2>&1 | tail -80 > "$out/feature_head_probe.log" || echo "the probe failed (its log says why)"
   [ "${MORE_STEPS:-0}" -gt 0 ] || { echo DONE; exit 0; }
   echo "== prepare teacher ($(date -u +%T))"
   bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
@@ -65,6 +70,10 @@ if [ -n "${HEAD:-}" ]; then
     cp "$RESULTS/l4-d512-v32768-fh2.log" "$out"/ || true
   done
   cp "$RESULTS/l4-d512-v32768-fh2/distill_recipe.json" "$out/l4-d512-v32768-fh2.recipe.json"
+  # what comes back from the device is at most 8 files of 16 MiB a call: the head's body in 15 MiB parts
+  mkdir -p "$out/h2" && split -b 15m -d "$RESULTS/l4-d512-v32768-fh2/model.safetensors" "$out/h2/model.safetensors.part"
+  cp "$RESULTS"/l4-d512-v32768-fh2/{feature_head.safetensors,feature_head.json,config.json,draft_vocab.json} "$out/h2/"
+  sha256sum "$RESULTS"/l4-d512-v32768-fh2/*.safetensors > "$out/h2/sha256.txt"
   echo "TRAINED ($(date -u +%T))"
   time_head "$RESULTS/l4-d512-v32768-fh2" gpu_speed_fh2
   echo DONE
