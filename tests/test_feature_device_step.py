@@ -6,10 +6,9 @@ catch-up refeeds the target's features, so the drafts do not depend on how the h
 from __future__ import annotations
 
 import pytest
-import torch
 
 from dfvg.checkpoint import load_model
-from dfvg.engine import Engine, make_drafter
+from dfvg.engine import Engine
 from dfvg.fallback import FaultInjection
 from dfvg.feature_head import FeatureDrafter, load_feature_head
 from dfvg.generate import generate
@@ -18,7 +17,6 @@ from dfvg.gpu.graph_drafter import GraphFeatureDrafter
 from dfvg.gpu.graphs import GraphVerifier
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import TorchVerifier
-from tests.test_distill import VOCAB
 from tests.test_distill import setup as setup  # noqa: F401  (the tiny peaked target and its prompts)
 from tests.test_feature_head import PROMPTS
 from tests.test_feature_head import head_dir as head_dir  # noqa: F401  (a head trained on it)
@@ -63,22 +61,6 @@ def test_a_prompt_shorter_than_the_catch_up_takes_the_host_step(head_dir, setup)
     assert result.tokens == generate(TorchVerifier(load_model(setup / "target")), prompt, 16).tokens
     assert not any(isinstance(s, DeviceStep) for s in engine.device_steps.values())
     assert len(result.tokens) == 16
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_on_a_gpu_the_device_step_with_the_head_equals_plain(head_dir, setup):  # noqa: F811
-    """bf16 on CUDA, real graphs: the head's device step (no fault, no host fallback) gives plain's output."""
-    def target():
-        return GraphVerifier(load_model(setup / "target", torch.bfloat16, "cuda"), compile_blocks=False, cache_len=96)
-
-    verifier, plain = target(), target()
-    drafter = make_drafter(head_dir[0], "cuda", torch.bfloat16, VOCAB, verifier=verifier)
-    engine, prompt = Engine(verifier), list(PROMPTS[1])
-    for k in (1, 3, 4):
-        assert engine.decode(drafter, prompt, 24, k=k).tokens == Engine(plain).decode(None, prompt, 24, k=0).tokens
-    steps = [s for s in engine.device_steps.values() if isinstance(s, DeviceStep)]
-    assert len(steps) == 3 and all(s.rows.drafter is drafter and s.host is None for s in steps)
 
 
 def test_a_fault_in_the_heads_device_step_continues_on_the_host_step(head_dir, setup):  # noqa: F811

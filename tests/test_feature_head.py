@@ -412,7 +412,10 @@ def test_the_graph_head_catches_up_a_long_gap_and_samples_eagerly(head_dir, setu
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_the_head_drafts_from_graphs_and_stays_lossless(head_dir, setup):  # noqa: F811
-    """make_drafter on CUDA gives the graph head; greedy output equals the graph target's plain output in bf16."""
+    """make_drafter on CUDA gives the graph head; greedy output equals the graph target's plain output in bf16,
+    on the fused device step (prompts of k + 2 tokens or more) and on the host step with the head's block
+    graph (shorter ones), with no fault sending a device step to the host."""
+    from dfvg.gpu.fast import DeviceStep
     from dfvg.gpu.graph_drafter import GraphFeatureDrafter
     from dfvg.gpu.graphs import GraphVerifier
 
@@ -422,7 +425,12 @@ def test_on_a_gpu_the_head_drafts_from_graphs_and_stays_lossless(head_dir, setup
     verifier, plain = target(), target()
     drafter = make_drafter(head_dir[0], "cuda", torch.bfloat16, VOCAB, verifier=verifier)
     assert isinstance(drafter, GraphFeatureDrafter)
+    engine, accepted = Engine(verifier), 0
     for prompt in PROMPTS:
-        got = Engine(verifier).decode(drafter, list(prompt), 24, k=3)
-        assert got.tokens == Engine(plain).decode(None, list(prompt), 24, k=0).tokens
-    assert any(key[0] == "feature-draft" for key in drafter.gm.graphs) and sum(s.num_accepted for s in got.steps) > 0
+        for k in (1, 3, 4):
+            got = engine.decode(drafter, list(prompt), 24, k=k)
+            assert got.tokens == Engine(plain).decode(None, list(prompt), 24, k=0).tokens
+            accepted += sum(s.num_accepted for s in got.steps)
+    assert any(key[0] == "feature-draft" for key in drafter.gm.graphs) and accepted > 0
+    steps = [s for s in engine.device_steps.values() if isinstance(s, DeviceStep)]
+    assert len(steps) == 3 and all(s.rows.drafter is drafter and s.host is None for s in steps)
