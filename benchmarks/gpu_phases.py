@@ -180,8 +180,8 @@ def feature_pair(args, models: dict, warm_ids: list[int]) -> tuple[GraphVerifier
 
 
 def tree_runs(args, prompts: list[dict], verifier, drafter, prefix: str) -> dict:
-    """Each `--trees` shape at k = 4 through `Engine.decode(tree=...)`, greedy: the device tree step, or for a
-    feature head the eager tree step (`FeatureTreeDrafter`; no graph of it yet)."""
+    """Each `--trees` shape at k = 4 through `Engine.decode(tree=...)`, greedy: the device tree step (a feature
+    head's too, through its `FeatureFeeder`)."""
     runs = {}
     for spec in args.trees:
         name = f"{prefix}_{spec.label().replace(',', '-').replace(':', '')}"

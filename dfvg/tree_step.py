@@ -161,7 +161,8 @@ class FeatureTreeDrafter(TreeDrafter):
     head's argmax, so the first-child path is the chain `FeatureDrafter.propose` drafts.
     Nothing a tree fed is kept after the verify: its nodes read predicted features, and only positions fed
     with the target's own features stay (`FeatureDrafter.rollback`); the next catch-up feeds the accepted
-    path again with the features the verify wrote (`verify_tree`)."""
+    path again with the features the verify wrote (`verify_tree`). Greedy trees on CUDA-graph models grow the
+    same way inside one replay (`dfvg.gpu.tree_device.FeatureFeeder`)."""
 
     def __init__(self, drafter: FeatureDrafter, spec: TreeSpec):
         self.drafter, self.spec = drafter, spec

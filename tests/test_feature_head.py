@@ -418,6 +418,8 @@ def test_on_a_gpu_the_head_drafts_from_graphs_and_stays_lossless(head_dir, setup
     from dfvg.gpu.fast import DeviceStep
     from dfvg.gpu.graph_drafter import GraphFeatureDrafter
     from dfvg.gpu.graphs import GraphVerifier
+    from dfvg.gpu.tree_device import DeviceTreeStep
+    from dfvg.tree import parse_tree_spec
 
     def target():
         return GraphVerifier(load_model(setup / "target", torch.bfloat16, "cuda"), compile_blocks=False, cache_len=96)
@@ -434,3 +436,8 @@ def test_on_a_gpu_the_head_drafts_from_graphs_and_stays_lossless(head_dir, setup
     assert any(key[0] == "feature-draft" for key in drafter.gm.graphs) and accepted > 0
     steps = [s for s in engine.device_steps.values() if isinstance(s, DeviceStep)]
     assert len(steps) == 3 and all(s.rows.drafter is drafter and s.host is None for s in steps)
+    prompt = list(PROMPTS[1])  # and the head's trees on the device tree step
+    for spec in ("2,2,1", "dynamic:12"):
+        got = engine.decode(drafter, prompt, 24, k=3, tree=parse_tree_spec(spec))
+        assert got.tokens == Engine(plain).decode(None, prompt, 24, k=0).tokens
+    assert sum(isinstance(s, DeviceTreeStep) for s in engine.device_steps.values()) == 2

@@ -97,3 +97,37 @@ def test_sampled_head_trees_are_seeded(head_dir, setup):  # noqa: F811
     again = engine.decode(drafter, list(PROMPTS[0]), 12, k=3, tree=spec, sampling=params, seed=3)
     assert first.tokens == again.tokens and len(first.tokens) == 12
     assert first.steps[0].num_drafted == 10
+
+
+@pytest.mark.parametrize("pair", ["trained", "random"])
+@pytest.mark.parametrize("spec", ["2,2,1", "3,1,2", "dynamic:12"])
+def test_head_trees_on_the_device_step_equal_plain_and_the_eager_trees(head_dir, setup, random_head, pair,  # noqa: F811
+                                                                        spec):
+    """The graph path (`DeviceTreeStep` with a `FeatureFeeder`; its bodies replay eagerly on a CPU): plain's
+    tokens, and the eager head tree's accepted length at every step but the last (where the eager loop
+    shortens its tree); the verify leaves the features plain decoding writes."""
+    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graphs import GraphVerifier
+    from dfvg.gpu.tree_device import DeviceTreeStep
+
+    head, root = (load_feature_head(head_dir[0]), setup) if pair == "trained" else random_head
+    prompt = list(PROMPTS[1]) if pair == "trained" else [5, 17, 33, 8, 2, 41]
+    verifier = GraphVerifier(load_model(root / "target"), compile_blocks=False, fused_layers=False, cache_len=128)
+    drafter = GraphFeatureDrafter(head, verifier, verifier.vocab_size, compile_blocks=False, cache_len=128,
+                                  fused_layers=False)
+    engine = Engine(verifier)
+    result = engine.decode(drafter, prompt, 24, k=3, tree=parse_tree_spec(spec))
+    assert any(isinstance(s, DeviceTreeStep) for s in engine.device_steps.values())
+    assert result.tokens == generate(TorchVerifier(load_model(root / "target")), prompt, 24).tokens
+    eager_verifier = TorchVerifier(load_model(root / "target"))
+    eager = FeatureDrafter(copy.deepcopy(head), eager_verifier)
+    reference = Engine(eager_verifier).decode(eager, prompt, 24, k=3, tree=parse_tree_spec(spec))
+    got, want = ([s.num_accepted for s in r.steps][:-1] for r in (result, reference))
+    assert got == want
+    written = len(prompt) + len(result.tokens) - 1
+    fresh = TorchVerifier(load_model(root / "target"))
+    fresh.keep_features = True
+    fresh.prefill(prompt + result.tokens, 64)
+    torch.testing.assert_close(verifier.features[:written], fresh.features[:written], atol=1e-4, rtol=1e-4)
+    if pair == "trained":
+        assert sum(got) > 0

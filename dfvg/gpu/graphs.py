@@ -165,16 +165,20 @@ class GraphModel:
         """The head as a row-invariant launch too (fused module docstring), by row chunks."""
         return by_chunks(row_chunks(x.shape[0]), lambda a, b: fused.logits(self.model, x[a:b], counters))
 
-    def forward_inputs(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """Input rows x [T, D] (a feature head's fused inputs, not token embeddings) at positions pos [T] ->
-        (float32 logits of the last row [1, V], the last layer's last row [1, D] before the final norm).
-        Same layers as `forward` (fused where they apply); graph-safe, no host sync."""
-        if self.fused and x.shape[0] <= fused.MAX_ROWS:
+    def forward_inputs(self, x: Tensor, pos: Tensor, tree: TreeRows | None = None,
+                       last_only: bool = True) -> tuple[Tensor, Tensor]:
+        """Input rows x [T, D] (a feature head's fused inputs, or token embeddings) at positions pos [T] ->
+        (float32 logits [T, V], the last layer's rows [T, D] before the final norm), the last row's alone with
+        last_only. Same layers as `forward` (fused where they apply, token-tree rows too); graph-safe, no host
+        sync, no feature writes (a tree's rows are not at their sequence positions yet)."""
+        if self.fused and (x.shape[0] <= fused.MAX_ROWS or tree is not None):
             counters = fused.new_counters(x.device)
-            last = self._fused_layers(x, pos, counters)[-1:].contiguous()
-            return self._fused_logits(last, counters), last
-        last = self._block_layers(x[None], pos[None])[0, -1:]
-        return self.model.logits(last), last
+            hidden = self._fused_layers(x, pos, counters, tree)
+            hidden = hidden[-1:].contiguous() if last_only else hidden
+            return self._fused_logits(hidden, counters), hidden
+        hidden = self._block_layers(x[None], pos[None], tree)[0]
+        hidden = hidden[-1:] if last_only else hidden
+        return self.model.logits(hidden), hidden
 
     def _fused_layer(self, x: Tensor, pos: Tensor, k: Tensor, v: Tensor, w: tuple, counters: Tensor,
                      tree: TreeRows | None, a: int, b: int) -> Tensor:

@@ -4,6 +4,10 @@ Why: the eager tree step (`dfvg.tree_step.TreeStep`) launches every draft forwar
 and the acceptance from Python, so on a GPU its steps cost several decode steps. Here the whole step is
 captured once per tree shape and replayed; the host copies back 2 + D + K integers.
 
+A feature head (`GraphFeatureDrafter`) grows its trees in the same replay through a `FeatureFeeder`: its
+catch-up rows read the target's features of the positions before them, each node its parent's predicted
+feature; the verify then writes the root's and the accepted path's features at their positions.
+
 One replay (tree depth D, K nodes verified; every shape static, so the graph is fixed):
 1. Draft catch-up: the draft refeeds the last D + 1 committed tokens at their positions. A step commits at
    most D + 1 tokens, so this rewrites every draft cache slot the previous tree left stale, and gives the
@@ -32,7 +36,7 @@ from torch import Tensor
 
 from dfvg.drafter import DraftBlock
 from dfvg.generate import Outcome
-from dfvg.gpu.graph_drafter import GraphDrafter
+from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter
 from dfvg.gpu.graphs import GraphModel, GraphVerifier
 from dfvg.gpu.tree_rows import TreeRows
 from dfvg.tree import DYNAMIC_WIDTH, TreeSpec, move_slots
@@ -96,6 +100,7 @@ class TreeBuffers:
         self.ancestors = torch.zeros(m, max(d, 1), dtype=long, device=device)  # candidate index per depth, -1 pad
         self.depths = torch.tensor([lvl + 1 for lvl in range(d) for _ in range(shape.made(lvl))], device=device)
         self.record = torch.zeros(2 + d + shape.keep, dtype=long, device=device)  # n, next, path, tree tokens
+        self.predicted: Tensor | None = None  # a feature head's f^ per candidate [M, H] (`FeatureFeeder`)
 
 
 def slots_of(candidates: Tensor, root: Tensor, index: Tensor | None = None) -> Tensor:
@@ -104,10 +109,49 @@ def slots_of(candidates: Tensor, root: Tensor, index: Tensor | None = None) -> T
     return torch.where(candidates < 0, root, root + 1 + numbered)
 
 
-def grow(draft: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -> None:
+class TokenFeeder:
+    """How a standalone draft reads the tree's rows: token ids (its catch-up and every level)."""
+
+    def __init__(self, draft: GraphModel):
+        self.draft = draft
+
+    def catch_up(self, buf: TreeBuffers, pos: Tensor) -> Tensor:
+        return self.draft.forward(buf.history[None], pos, last_only=True)
+
+    def feed(self, buf: TreeBuffers, frontier: Tensor, pos: Tensor, rows: TreeRows) -> Tensor:
+        return self.draft.forward(buf.tokens[frontier][None], pos, tree=rows)
+
+
+class FeatureFeeder:
+    """How a feature head (`GraphFeatureDrafter`) reads them: its catch-up rows with the target's features of
+    the positions before them (`target.features`, written by every verify), each tree node with its parent's
+    predicted f^ (the root's from the catch-up), as `dfvg.tree_step.FeatureTreeDrafter` grows a tree."""
+
+    def __init__(self, drafter: GraphFeatureDrafter, target: GraphModel):
+        self.head, self.gm, self.target = drafter.head, drafter.gm, target
+        self.root_predicted: Tensor | None = None
+
+    def _rows(self, ids: Tensor, features: Tensor, pos: Tensor, rows: TreeRows | None) -> tuple[Tensor, Tensor]:
+        x = self.head.fuse(torch.cat([features.to(self.head.fuse.weight.dtype), self.head.body.embed(ids)], -1))
+        logits, hidden = self.gm.forward_inputs(x, pos, rows, last_only=rows is None)
+        return logits, self.head.predict(hidden)
+
+    def catch_up(self, buf: TreeBuffers, pos: Tensor) -> Tensor:
+        logits, self.root_predicted = self._rows(buf.history, self.target.features[pos - 1], pos, None)
+        return logits
+
+    def feed(self, buf: TreeBuffers, frontier: Tensor, pos: Tensor, rows: TreeRows) -> Tensor:
+        parents = buf.parents[frontier]
+        features = torch.where((parents < 0)[:, None], self.root_predicted, buf.predicted[parents.clamp(min=0)])
+        logits, predicted = self._rows(buf.tokens[frontier], features, pos, rows)
+        buf.predicted[frontier] = predicted.to(buf.predicted.dtype)
+        return logits
+
+
+def grow(feeder: TokenFeeder | FeatureFeeder, shape: TreeShape, buf: TreeBuffers, vocab: int) -> None:
     """Steps 1-2 of the module docstring: fill the candidate buffers from the draft."""
     d, root, dev = shape.depth, buf.root, buf.root.device
-    logits = draft.forward(buf.history[None], root - d + torch.arange(d + 1, device=dev), last_only=True)
+    logits = feeder.catch_up(buf, root - d + torch.arange(d + 1, device=dev))
     frontier = torch.full((1,), -1, dtype=torch.long, device=dev)
     scores, ancestors = torch.ones(1, device=dev), torch.full((1, max(d, 1)), -1, dtype=torch.long, device=dev)
     for level, count in enumerate(shape.children):
@@ -128,7 +172,7 @@ def grow(draft: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -> N
         scores, ancestors = buf.scores[frontier], buf.ancestors[frontier]
         rows = TreeRows(slots_of(frontier, root), root, slots_of(ancestors, root))
         pos = (root + level + 1).repeat(frontier.shape[0])  # contiguous: the kernels index it by row
-        logits = draft.forward(buf.tokens[frontier][None], pos, tree=rows)
+        logits = feeder.feed(buf, frontier, pos, rows)
 
 
 def verify(target: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -> None:
@@ -144,8 +188,16 @@ def verify(target: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -
     ancestors = torch.cat([root.expand(1, buf.ancestors.shape[1]), slots_of(buf.ancestors[kept], root, index)])
     rows = TreeRows(root + torch.arange(k + 1, device=dev), root, ancestors)
     ids = torch.cat([buf.history[-1:], tokens])[None]
-    best = target.forward(ids, torch.cat([root, root + depths]), tree=rows)[:, :vocab].argmax(-1)  # [K+1]
+    pos = torch.cat([root, root + depths])
+    if target.features is None:
+        logits = target.forward(ids, pos, tree=rows)
+    else:  # a feature head drafts: the rows' final-norm values go to the accepted path's positions below
+        logits, hidden = target.forward_inputs(target.model.embed(ids)[0], pos, rows, last_only=False)
+    best = logits[:, :vocab].argmax(-1)  # [K+1]
     n, path = accept(tokens, parents, depths, best, d)
+    if target.features is not None:  # root, then the path (rows past n: positions the next verify rewrites)
+        path_rows = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), 1 + path.clamp(max=k - 1)])
+        target.features.index_copy_(0, root + torch.arange(d + 1, device=dev), target.model.norm(hidden[path_rows]))
     # gathers, not tensor[0-dim tensor]: that indexing reads the index on the host, which a graph cannot
     last = torch.where(n > 0, path.gather(0, (n - 1).clamp(min=0)[None]) + 1, 0)  # [1]: the deepest row
     next_token = best.gather(0, last)  # [1]
@@ -178,8 +230,9 @@ def compact(target: GraphModel, root: Tensor, path: Tensor, n: Tensor, depth: in
     move_slots(target.model, root + 1 + torch.where(steps < n, path, steps), root + 1 + steps, slice(0, 1))
 
 
-def tree_body(target: GraphModel, draft: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -> Tensor:
-    grow(draft, shape, buf, vocab)
+def tree_body(target: GraphModel, feeder: TokenFeeder | FeatureFeeder, shape: TreeShape, buf: TreeBuffers,
+              vocab: int) -> Tensor:
+    grow(feeder, shape, buf, vocab)
     verify(target, shape, buf, vocab)
     return buf.record
 
@@ -187,7 +240,8 @@ def tree_body(target: GraphModel, draft: GraphModel, shape: TreeShape, buf: Tree
 class DeviceTreeStep:
     """The engine's `Step` for greedy trees on a graph verifier and graph drafter: one replay per step."""
 
-    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter, spec: TreeSpec, draft_length: int):
+    def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | GraphFeatureDrafter, spec: TreeSpec,
+                 draft_length: int):
         self.verifier, self.drafter, self.device = verifier, drafter, verifier.device
         self.shape = tree_shape(spec, draft_length)
         self.depth = self.shape.depth
@@ -212,11 +266,16 @@ class DeviceTreeStep:
 
     def _capture(self) -> None:
         self.buf = TreeBuffers(self.shape, self.device)
+        feeder: TokenFeeder | FeatureFeeder = TokenFeeder(self.drafter.gm)
+        if isinstance(self.drafter, GraphFeatureDrafter):
+            feeder = FeatureFeeder(self.drafter, self.verifier.gm)
+            features = self.verifier.gm.features
+            self.buf.predicted = features.new_zeros(self.shape.candidates, features.shape[1])
 
         def reset() -> None:
-            self.buf.root.fill_(self.depth)
+            self.buf.root.fill_(self.depth + 1)  # a head's catch-up reads the features of root - depth - 1
 
-        body = lambda: tree_body(self.verifier.gm, self.drafter.gm, self.shape, self.buf,  # noqa: E731
+        body = lambda: tree_body(self.verifier.gm, feeder, self.shape, self.buf,  # noqa: E731
                                  self.verifier.vocab_size)
         self.graph, _ = self.verifier.gm.capture(("tree", self.shape, id(self.drafter)), body, before=reset)
         self._cache_ids = self._cache_key()
@@ -233,8 +292,11 @@ class DeviceTreeStep:
 
 def fits_device_tree(verifier: object, drafter: object, spec: TreeSpec, greedy: bool, prompt_len: int,
                      draft_length: int) -> bool:
-    """Whether a tree can run as `DeviceTreeStep`: greedy, graph models, and a prompt longer than the tree
-    is deep (the draft catch-up refeeds D + 1 tokens). Any tree size: more rows than one fused launch takes
-    run in chunks (`GraphModel._fused_forward`)."""
-    graphs = isinstance(verifier, GraphVerifier) and isinstance(drafter, GraphDrafter)
-    return greedy and graphs and prompt_len > tree_shape(spec, draft_length).depth >= 1
+    """Whether a tree can run as `DeviceTreeStep`: greedy, graph models (a standalone draft or a feature head),
+    and a prompt longer than the tree is deep (the draft catch-up refeeds D + 1 tokens; a head's reads one
+    feature more). Any tree size: more rows than one fused launch takes run in chunks."""
+    head = isinstance(drafter, GraphFeatureDrafter)
+    graphs = isinstance(verifier, GraphVerifier) and (isinstance(drafter, GraphDrafter) or head)
+    depth = tree_shape(spec, draft_length).depth
+    shortest = depth + 2 if head else depth + 1  # a head's catch-up also reads the feature before its first row
+    return greedy and graphs and depth >= 1 and prompt_len >= shortest
