@@ -326,3 +326,32 @@ def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
     assert all(float(line.split("shared")[1].split()[0]) > 0 for line in lines)
     bad = subprocess.run([sys.executable, str(tool), "12"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.strip() == "error: a row-tile height is a power of two >= 16, got 12"
+
+
+def test_the_heads_fpga_projection_keeps_every_measured_cost(tmp_path):
+    """feature_head_projection.py: the projected time is the sum of its parts, the measured ones taken as
+    recorded; a slower measured verify gives a slower projection; a missing file is one line, exit 2."""
+    from benchmarks import feature_head_projection as projection
+
+    head = random_feature_head(tmp_path / "head", target_hidden=128, vocab=512)
+    stats = {"num_verify_steps": 40, "num_accepted_tokens": 88, "num_new_tokens": 128, "prefill_s": 0.09,
+             "decode_s": 0.15, "draft_s": 0.04, "verify_s": 0.08}
+    plain = {"stats": [dict(stats, prefill_s=0.008)] * 2, "tokens_per_s": 550.0}
+    speed = {"dfvg_plain": plain, "dfvg_feature_k4": {"stats": [stats] * 2, "tokens_per_s": 590.0}}
+    (tmp_path / "speed.json").write_text(json.dumps(speed))
+    (tmp_path / "prompts.json").write_text(json.dumps([{"ids": list(range(150))}] * 3))
+    args = ["--speed", str(tmp_path / "speed.json"), "--head", str(head), "--prompts-file",
+            str(tmp_path / "prompts.json"), "--output", str(tmp_path / "out.json")]
+    assert projection.main(args) == 0
+    int8 = json.loads((tmp_path / "out.json").read_text())["projection"]["int8"]
+    parts = int8["parts_s"]
+    assert parts["verify_s"] == 2 * 0.08 and parts["target_prefill_s"] == 2 * 0.008
+    assert abs(parts["host_s"] - 2 * (0.15 - 0.04 - 0.08)) < 1e-12
+    assert abs(int8["projected_tokens_per_s"] - 256 / sum(parts.values())) < 1e-9
+    assert 0 < parts["head_blocks_s"] and 0 < parts["head_prompt_pass_s"] and "modeled" in int8["provenance"]
+    speed["dfvg_feature_k4"]["stats"] = [dict(stats, verify_s=0.12, decode_s=0.19)] * 2
+    (tmp_path / "speed.json").write_text(json.dumps(speed))
+    assert projection.main(args) == 0
+    slower = json.loads((tmp_path / "out.json").read_text())["projection"]["int8"]
+    assert slower["projected_tokens_per_s"] < int8["projected_tokens_per_s"]
+    assert projection.main(["--speed", str(tmp_path / "none.json"), "--head", str(head)]) == 2
