@@ -5,6 +5,8 @@ catch-up refeeds the target's features, so the drafts do not depend on how the h
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from dfvg.checkpoint import load_model
@@ -89,3 +91,22 @@ def test_after_device_steps_the_head_drafts_on_the_host_as_a_fresh_head_would(he
     fresh.prefill(seq, 64)
     greedy = SamplingParams()
     assert drafter.propose(seq, 3, greedy, None).tokens == fresh.propose(seq, 3, greedy, None).tokens
+
+
+def test_every_device_step_drafts_what_the_host_head_drafts_there(random_head):  # noqa: F811
+    """Lockstep on the feature-sensitive random pair (it accepts almost nothing, so accepted counts alone
+    would say little): each replay's drafts are the block a host head proposes after the same sequence."""
+    head, root = random_head
+    verifier, drafter = graph_pair(copy.deepcopy(head), root)
+    step = DeviceStep(verifier, drafter, 3)
+    prompt = [5, 17, 33, 8, 2, 41]
+    step.prefill(prompt, 64)
+    fresh = TorchVerifier(load_model(root / "target"))
+    host = FeatureDrafter(head, fresh)
+    seq = list(prompt)
+    while len(seq) < len(prompt) + 16:
+        outcome = step(seq, 3)
+        fresh.prefill(seq, 64)
+        host.prefill(seq, 64)
+        assert outcome.block.tokens == host.propose(seq, 3, SamplingParams(), None).tokens
+        seq += outcome.block.tokens[: outcome.num_accepted] + [outcome.next_token]

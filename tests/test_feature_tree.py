@@ -131,3 +131,31 @@ def test_head_trees_on_the_device_step_equal_plain_and_the_eager_trees(head_dir,
     torch.testing.assert_close(verifier.features[:written], fresh.features[:written], atol=1e-4, rtol=1e-4)
     if pair == "trained":
         assert sum(got) > 0
+
+
+@pytest.mark.parametrize("spec", ["2,2,1", "dynamic:12"])
+def test_every_device_tree_is_the_eager_head_tree_there(random_head, spec):  # noqa: F811
+    """Lockstep on the feature-sensitive random pair: each replay's tree holds the tokens the eager
+    `FeatureTreeDrafter` grows after the same sequence (a node fed any feature but its parent's differs)."""
+    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graphs import GraphVerifier
+    from dfvg.gpu.tree_device import DeviceTreeStep
+
+    head, root = random_head
+    verifier = GraphVerifier(load_model(root / "target"), compile_blocks=False, fused_layers=False, cache_len=128)
+    drafter = GraphFeatureDrafter(copy.deepcopy(head), verifier, verifier.vocab_size, compile_blocks=False,
+                                  cache_len=128, fused_layers=False)
+    tree = parse_tree_spec(spec)
+    step = DeviceTreeStep(verifier, drafter, tree, 3)
+    prompt = [5, 17, 33, 8, 2, 41]
+    step.prefill(prompt, 64)
+    fresh = TorchVerifier(load_model(root / "target"))
+    eager = FeatureTreeDrafter(FeatureDrafter(head, fresh), tree)
+    seq = list(prompt)
+    while len(seq) < len(prompt) + 12:
+        outcome = step(seq, 3)
+        fresh.prefill(seq, 96)
+        eager.drafter.prefill(seq, 96)
+        want = eager.propose(seq, step.depth, SamplingParams(), None)
+        assert sorted(outcome.block.tokens) == sorted(want.tokens)
+        seq += outcome.block.tokens[: outcome.num_accepted] + [outcome.next_token]

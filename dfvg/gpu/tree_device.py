@@ -269,8 +269,9 @@ class DeviceTreeStep:
         feeder: TokenFeeder | FeatureFeeder = TokenFeeder(self.drafter.gm)
         if isinstance(self.drafter, GraphFeatureDrafter):
             feeder = FeatureFeeder(self.drafter, self.verifier.gm)
-            features = self.verifier.gm.features
-            self.buf.predicted = features.new_zeros(self.shape.candidates, features.shape[1])
+            head = self.drafter.head  # f^ kept in the head's dtype, as the eager tree keeps it
+            self.buf.predicted = torch.zeros(self.shape.candidates, head.target_hidden_size,
+                                             dtype=head.fuse.weight.dtype, device=self.device)
 
         def reset() -> None:
             self.buf.root.fill_(self.depth + 1)  # a head's catch-up reads the features of root - depth - 1
@@ -284,6 +285,7 @@ class DeviceTreeStep:
         start = time.perf_counter()
         self.graph.replay()
         n, next_token, *rest = self.buf.record.tolist()  # the step's one device-to-host copy
+        self.verifier.features_end = len(seq) + self.depth  # with a head: the rows the verify wrote
         path, tokens = rest[: min(n, self.depth)], rest[self.depth :]
         order = path + [i for i in range(len(tokens)) if i not in set(path)]
         return Outcome(DraftBlock([tokens[i] for i in order], None, 0.0), n, next_token,
