@@ -281,6 +281,13 @@ def feature_head_report(head: FeatureHead) -> dict:
             "feature_bytes_per_token_bf16": 2 * head.target_hidden_size}
 
 
+def vocab_source(opts: DistillOptions, train_prompts: int) -> str:
+    """Where the head's ids came from, for draft_vocab.json."""
+    if opts.init_from:
+        return f"kept from --init-from {opts.init_from}"
+    return f"continuations of {train_prompts} training prompts"
+
+
 def run(opts: DistillOptions, log=print) -> dict:
     """Run every stage; write the draft to opts.output; return the summary (also in distill_recipe.json).
 
@@ -338,7 +345,5 @@ def run(opts: DistillOptions, log=print) -> dict:
     if opts.feature_head:
         save_head_parts(model, output, getattr(torch, opts.save_dtype))
     if head_ids is not None:
-        source = f"kept from --init-from {opts.init_from}" if opts.init_from else \
-            f"continuations of {len(train_prompts)} training prompts"
-        vocab.save_vocab(output, head_ids, counts, source)
+        vocab.save_vocab(output, head_ids, counts, vocab_source(opts, len(train_prompts)))
     return summary
