@@ -101,6 +101,7 @@ class TreeBuffers:
         self.depths = torch.tensor([lvl + 1 for lvl in range(d) for _ in range(shape.made(lvl))], device=device)
         self.record = torch.zeros(2 + d + shape.keep, dtype=long, device=device)  # n, next, path, tree tokens
         self.predicted: Tensor | None = None  # a feature head's f^ per candidate [M, H] (`FeatureFeeder`)
+        self.root_predicted: Tensor | None = None  # and the root's [1, H]
 
 
 def slots_of(candidates: Tensor, root: Tensor, index: Tensor | None = None) -> Tensor:
@@ -129,7 +130,6 @@ class FeatureFeeder:
 
     def __init__(self, drafter: GraphFeatureDrafter, target: GraphModel):
         self.head, self.gm, self.target = drafter.head, drafter.gm, target
-        self.root_predicted: Tensor | None = None
 
     def _rows(self, ids: Tensor, features: Tensor, pos: Tensor, rows: TreeRows | None) -> tuple[Tensor, Tensor]:
         x = self.head.fuse(torch.cat([features.to(self.head.fuse.weight.dtype), self.head.body.embed(ids)], -1))
@@ -137,12 +137,13 @@ class FeatureFeeder:
         return logits, self.head.predict(hidden)
 
     def catch_up(self, buf: TreeBuffers, pos: Tensor) -> Tensor:
-        logits, self.root_predicted = self._rows(buf.history, self.target.features[pos - 1], pos, None)
+        logits, predicted = self._rows(buf.history, self.target.features[pos - 1], pos, None)
+        buf.root_predicted.copy_(predicted)
         return logits
 
     def feed(self, buf: TreeBuffers, frontier: Tensor, pos: Tensor, rows: TreeRows) -> Tensor:
         parents = buf.parents[frontier]
-        features = torch.where((parents < 0)[:, None], self.root_predicted, buf.predicted[parents.clamp(min=0)])
+        features = torch.where((parents < 0)[:, None], buf.root_predicted, buf.predicted[parents.clamp(min=0)])
         logits, predicted = self._rows(buf.tokens[frontier], features, pos, rows)
         buf.predicted[frontier] = predicted.to(buf.predicted.dtype)
         return logits
@@ -272,6 +273,7 @@ class DeviceTreeStep:
             head = self.drafter.head  # f^ kept in the head's dtype, as the eager tree keeps it
             self.buf.predicted = torch.zeros(self.shape.candidates, head.target_hidden_size,
                                              dtype=head.fuse.weight.dtype, device=self.device)
+            self.buf.root_predicted = self.buf.predicted.new_zeros(1, head.target_hidden_size)
 
         def reset() -> None:
             self.buf.root.fill_(self.depth + 1)  # a head's catch-up reads the features of root - depth - 1
