@@ -208,9 +208,7 @@ def verify_tree(verifier: TorchVerifier, seq: list[int], tree: DraftTree, sampli
         path, next_token = accept_tree(tree.tokens, tree.parents, tree.probs, target_probs, uniforms)
         compact_cache(model, [root_pos + 1 + i for i in path], root_pos + 1)
         if verifier.keep_features:  # a feature head reads the root's and the path's at their new positions
-            rows = torch.tensor([0] + [1 + i for i in path], device=device)
-            verifier.features[root_pos: root_pos + len(rows)] = model.norm(hidden[rows])
-            verifier.features_end = root_pos + len(rows)
+            verifier.store_features(hidden[torch.tensor([0] + [1 + i for i in path], device=device)], root_pos)
     synchronize(device)
     return path, next_token
 

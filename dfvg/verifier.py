@@ -74,9 +74,14 @@ class TorchVerifier:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         positions = torch.arange(start_pos, start_pos + len(tokens), device=self.device)[None]
         hidden = self.model.run_layers(self.model.embed(ids), positions)[0]
-        self.features[start_pos: start_pos + len(tokens)] = self.model.norm(hidden)
-        self.features_end = start_pos + len(tokens)
+        self.store_features(hidden, start_pos)
         return hidden
+
+    def store_features(self, hidden: Tensor, start_pos: int) -> None:
+        """The final-norm values of last-layer rows hidden [T, D] as the features of positions start_pos..
+        (a tree verify stores its root's and accepted path's rows so, dfvg.tree_step)."""
+        self.features[start_pos: start_pos + hidden.shape[0]] = self.model.norm(hidden)
+        self.features_end = start_pos + hidden.shape[0]
 
     def verify(self, seq: list[int], block: DraftBlock, sampling: SamplingParams,
                rng: torch.Generator) -> tuple[int, int]:

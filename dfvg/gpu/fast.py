@@ -80,8 +80,7 @@ def feature_step_body(target: GraphModel, drafter: GraphFeatureDrafter, state: T
     k = drafts.shape[1]
     last_pos = state[0, 2]
     fed = last_pos - k + torch.arange(k + 1, device=state.device)  # positions L-1-k .. L-1
-    features = target.features[fed - 1].to(drafter.head.fuse.weight.dtype)
-    feature_block(drafter.head, drafter.gm, history[fed], fed, features, drafts, vocab)
+    feature_block(drafter.head, drafter.gm, history[fed], fed, target.features[fed - 1], drafts, vocab)
     ids = torch.cat([state[:, 1:2], drafts], dim=1)  # [1, k+1]
     pos = state[:, 2:3] + torch.arange(k + 1, device=state.device)
     num, nxt = accept_rows(target.forward_rows(ids, pos), drafts)

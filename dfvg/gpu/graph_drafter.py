@@ -17,6 +17,7 @@ from torch import Tensor
 from dfvg.drafter import DraftBlock, TorchDrafter
 from dfvg.feature_head import FeatureDrafter, FeatureHead
 from dfvg.gpu.graphs import SCRATCH, GraphModel
+from dfvg.gpu.tree_rows import TreeRows
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
 
@@ -187,9 +188,19 @@ def feature_block(head: FeatureHead, gm: GraphModel, ids: Tensor, pos: Tensor, f
     f^ feeding the next; drafts [1, k] written. Shared by the head's block graph and the fused device step
     (`dfvg.gpu.fast.feature_step_body`)."""
     for i in range(drafts.shape[1]):
-        x = head.fuse(torch.cat([features, head.body.embed(ids)], dim=-1))
-        logits, hidden = gm.forward_inputs(x, pos)
+        logits, features = head_rows(head, gm, ids, features, pos)
         ids = logits[:, :vocab].argmax(-1)  # [1]
         drafts[0, i].copy_(ids[0])
-        features, pos = head.predict(hidden), pos[-1:] + 1
+        pos = pos[-1:] + 1
     return drafts
+
+
+def head_rows(head: FeatureHead, gm: GraphModel, ids: Tensor, features: Tensor, pos: Tensor,
+              tree: TreeRows | None = None, last_only: bool = True) -> tuple[Tensor, Tensor]:
+    """FeatureHead.forward's arithmetic on the graph model's layers: rows ids [T] at pos [T] reading features
+    [T, H] -> (logits, predicted f^) of the last row, or of every row without last_only (token-tree rows
+    with `tree`). Graph-safe; shared by the chain's block (`feature_block`) and the device tree
+    (`dfvg.gpu.tree_device.FeatureFeeder`)."""
+    x = head.fuse(torch.cat([features.to(head.fuse.weight.dtype), head.body.embed(ids)], dim=-1))
+    logits, hidden = gm.forward_inputs(x, pos, tree, last_only)
+    return logits, head.predict(hidden)

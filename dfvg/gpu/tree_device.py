@@ -36,7 +36,7 @@ from torch import Tensor
 
 from dfvg.drafter import DraftBlock
 from dfvg.generate import Outcome
-from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter
+from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter, head_rows
 from dfvg.gpu.graphs import GraphModel, GraphVerifier
 from dfvg.gpu.tree_rows import TreeRows
 from dfvg.tree import DYNAMIC_WIDTH, TreeSpec, move_slots
@@ -131,20 +131,15 @@ class FeatureFeeder:
     def __init__(self, drafter: GraphFeatureDrafter, target: GraphModel):
         self.head, self.gm, self.target = drafter.head, drafter.gm, target
 
-    def _rows(self, ids: Tensor, features: Tensor, pos: Tensor, rows: TreeRows | None) -> tuple[Tensor, Tensor]:
-        x = self.head.fuse(torch.cat([features.to(self.head.fuse.weight.dtype), self.head.body.embed(ids)], -1))
-        logits, hidden = self.gm.forward_inputs(x, pos, rows, last_only=rows is None)
-        return logits, self.head.predict(hidden)
-
     def catch_up(self, buf: TreeBuffers, pos: Tensor) -> Tensor:
-        logits, predicted = self._rows(buf.history, self.target.features[pos - 1], pos, None)
+        logits, predicted = head_rows(self.head, self.gm, buf.history, self.target.features[pos - 1], pos)
         buf.root_predicted.copy_(predicted)
         return logits
 
     def feed(self, buf: TreeBuffers, frontier: Tensor, pos: Tensor, rows: TreeRows) -> Tensor:
         parents = buf.parents[frontier]
         features = torch.where((parents < 0)[:, None], buf.root_predicted, buf.predicted[parents.clamp(min=0)])
-        logits, predicted = self._rows(buf.tokens[frontier], features, pos, rows)
+        logits, predicted = head_rows(self.head, self.gm, buf.tokens[frontier], features, pos, rows, False)
         buf.predicted[frontier] = predicted.to(buf.predicted.dtype)
         return logits
 
@@ -189,11 +184,9 @@ def verify(target: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -
     ancestors = torch.cat([root.expand(1, buf.ancestors.shape[1]), slots_of(buf.ancestors[kept], root, index)])
     rows = TreeRows(root + torch.arange(k + 1, device=dev), root, ancestors)
     ids = torch.cat([buf.history[-1:], tokens])[None]
-    pos = torch.cat([root, root + depths])
-    if target.features is None:
-        logits = target.forward(ids, pos, tree=rows)
-    else:  # a feature head drafts: the rows' final-norm values go to the accepted path's positions below
-        logits, hidden = target.forward_inputs(target.model.embed(ids)[0], pos, rows, last_only=False)
+    # `forward(tree=rows)`'s arithmetic, keeping the rows for a feature head's features (written below)
+    logits, hidden = target.forward_inputs(target.model.embed(ids)[0], torch.cat([root, root + depths]), rows,
+                                           last_only=False)
     best = logits[:, :vocab].argmax(-1)  # [K+1]
     n, path = accept(tokens, parents, depths, best, d)
     if target.features is not None:  # root, then the path (rows past n: positions the next verify rewrites)
