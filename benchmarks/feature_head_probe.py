@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.gpu_phases import feature_pair  # noqa: E402
 from benchmarks.gpu_speed import load_models, parse_args  # noqa: E402
 from dfvg.engine import Engine  # noqa: E402
+from dfvg.errors import UserError  # noqa: E402
 from dfvg.gpu.graphs import GraphModel  # noqa: E402
 from dfvg.host.timeline import Timeline  # noqa: E402
 
@@ -55,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.feature_head:
         print("error: give --feature-head DIR (the head to probe)", file=sys.stderr)
         return 2
-    models = load_models(args)
+    try:
+        models = load_models(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     prompts = models["prompts"]
     verifier, head = feature_pair(args, models, prompts[0]["ids"])
     engine = Engine(verifier)
