@@ -304,4 +304,5 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     model.load_state_dict(state, strict=True, assign=True)
     if cfg.tie_word_embeddings:
         model.output.weight = model.tok_embeddings.weight
+    model.checkpoint_dir = directory  # what a quantizer calibrating on this model's outputs records and reloads
     return model.to(device).eval().requires_grad_(False)

@@ -48,3 +48,16 @@ def tf32_matmuls(enabled: bool) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@contextmanager
+def cpu_threads(count: int) -> Iterator[None]:
+    """Run the block on `count` CPU threads, then restore the caller's count. A quantizer calibrates on one
+    thread: float sums split across threads round differently, so the same model gave other scales (and other
+    drafts) when built with another thread count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

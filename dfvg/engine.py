@@ -38,6 +38,7 @@ from dfvg.errors import UserError
 from dfvg.fallback import FaultInjection, FaultPolicy, GuardedDrafter, Slot
 from dfvg.feature_head import FeatureDrafter, feature_drafter
 from dfvg.fpga.datapath.drafter import FpgaDrafter
+from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
 from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
 from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter
@@ -57,6 +58,7 @@ from dfvg.verifier import TorchVerifier, Verifier
 
 DEFAULT_CACHE_LEN = 1024  # graph caches hold at least this many positions, so graphs survive across prompts
 GRAPH_HOLDERS = (GraphVerifier, GraphDrafter, GraphFeatureDrafter)  # what holds graphs over a cache it sizes
+FEATURE_DRAFTERS = (FeatureDrafter, FpgaFeatureDrafter)  # drafters that read the features the last verify wrote
 
 
 def uses_graphs(device: torch.device, fast: bool) -> bool:
@@ -89,6 +91,9 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
     if tp is not None and not tp.leads:
         return ReceivedDrafts(tp)
     fast = fast and tp is None
+    if head and device == "fpga":
+        return FpgaFeatureDrafter.from_checkpoint(draft_dir, verifier, target_checkpoint(verifier),
+                                                  target_vocab_size=target_vocab_size, **fpga_options)
     if head:
         drafter = feature_drafter(draft_dir, device, dtype, verifier)
         if uses_graphs(drafter.device, fast):
@@ -101,6 +106,17 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
     if uses_graphs(torch_device, fast):
         return GraphDrafter(model, target_vocab_size, cache_len=DEFAULT_CACHE_LEN)
     return TorchDrafter(model, target_vocab_size)
+
+
+def target_checkpoint(verifier: Verifier | None) -> Path:
+    """The folder the verifier's target was loaded from (an FPGA head's scales are calibrated on it)."""
+    if verifier is None:
+        raise UserError("a feature head needs the target it reads features from; give the target too")
+    directory = getattr(getattr(verifier, "model", None), "checkpoint_dir", None)
+    if directory is None:
+        raise UserError("a feature head on the FPGA datapath calibrates on its target's features; load the "
+                        "target from a checkpoint folder on one process (no --tensor-parallel)")
+    return directory
 
 
 class Engine:
@@ -170,7 +186,7 @@ class Engine:
         token-tree speculation (`tree`, dfvg.tree_step)."""
         sampling = sampling or SamplingParams()
         k = k if drafter is not None else 0
-        if isinstance(drafter, FeatureDrafter) and (mode != "sync" or adaptive is not None):
+        if isinstance(drafter, FEATURE_DRAFTERS) and (mode != "sync" or adaptive is not None):
             raise UserError("a feature head drafts in the sync schedule only (it needs the features of the "
                             "block just verified); drop the overlap schedule or the adaptive length")
         self._remember(drafter)
@@ -213,7 +229,7 @@ class Engine:
                      seed: int = 0, timeline: Timeline | None = None) -> list[GenerationResult]:
         """A batch (one target pass per step for all rows): the device step where it applies, else the host's."""
         sampling = sampling or SamplingParams()
-        if any(isinstance(d, FeatureDrafter) for d in drafters):
+        if any(isinstance(d, FEATURE_DRAFTERS) for d in drafters):
             raise UserError("a feature head drafts one sequence at a time for now; run it with batch_size 1")
         shared = drafters[0] if all(d is drafters[0] for d in drafters) else None
         fits = sampling.greedy and all(fits_device_step(self.verifier, shared, len(p), k) for p in prompts)

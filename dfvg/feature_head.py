@@ -93,9 +93,6 @@ def load_feature_head(path: str | Path, dtype: torch.dtype = torch.float32, devi
 
 def feature_drafter(path: str | Path, device: str, dtype: torch.dtype, verifier) -> FeatureDrafter:
     """The drafter of a feature head's folder on a torch device, reading `verifier`'s features."""
-    if device == "fpga":
-        raise UserError(f"{path} is a feature head, which the FPGA datapath does not implement yet; draft it on "
-                        "a torch device (--draft-device cpu or cuda; in a config, drop the fpga variants)")
     if verifier is None:
         raise UserError(f"{path} is a feature head: it needs the target it reads features from")
     head = load_feature_head(path, dtype, resolve_device(device), verifier.model.config.hidden_size)
@@ -109,6 +106,17 @@ def save_head_parts(head: FeatureHead, directory: Path, dtype: torch.dtype = tor
               metadata={"format": "pt"})
     meta = {"format": FORMAT, "target_hidden_size": head.target_hidden_size}
     (directory / FEATURE_HEAD_FILE).write_text(json.dumps(meta))
+
+
+def committed_features(verifier, start: int, end: int) -> Tensor:
+    """The inputs of positions start..end-1: f_{start-1} .. f_{end-2} from the verifier (zeros for f_{-1}),
+    on the verifier's device in its dtype."""
+    written = verifier.features_end
+    if end - 1 > written:
+        raise RuntimeError(f"feature head: the verifier wrote features below position {written} only, but "
+                           f"feeding position {end - 1} needs f_{end - 2}")
+    rows = verifier.features[max(start - 1, 0): end - 1]
+    return torch.cat([rows.new_zeros(1, rows.shape[1]), rows]) if start == 0 else rows
 
 
 class FeatureDrafter:
@@ -166,13 +174,7 @@ class FeatureDrafter:
         return DraftBlock(tokens, block_probs, time.perf_counter() - start)
 
     def _true_features(self, start: int, end: int) -> Tensor:
-        """The inputs of positions start..end-1: f_{start-1} .. f_{end-2} from the verifier (zeros for f_{-1})."""
-        written = self.verifier.features_end
-        if end - 1 > written:
-            raise RuntimeError(f"feature head: the verifier wrote features below position {written} only, but "
-                               f"feeding position {end - 1} needs f_{end - 2}")
-        rows = self.verifier.features[max(start - 1, 0): end - 1].to(self.device, self.head.fuse.weight.dtype)
-        return torch.cat([rows.new_zeros(1, rows.shape[1]), rows]) if start == 0 else rows
+        return committed_features(self.verifier, start, end).to(self.device, self.head.fuse.weight.dtype)
 
     def _feed(self, tokens: list[int], start_pos: int, features: Tensor) -> tuple[Tensor, Tensor]:
         """Feed tokens at start_pos.. with their features [T, H]: (logits [V] after the last, its f^ [H]).

@@ -110,6 +110,13 @@ class DraftTree:
         return depths
 
 
+def best_nodes(scores: list, parents: list[int], budget: int) -> list[int]:
+    """A dynamic tree's pruning: the `budget` best nodes by score (ties: the shallower, then the earlier), in
+    creation order. The kept set is a tree because a node never scores above its parent."""
+    depths = DraftTree([], parents, None).depths()
+    return sorted(sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:budget])
+
+
 def ancestor_mask(parents: list[int]) -> Tensor:
     """Bool [N+1, N+1] over (root, nodes): entry [a, b] iff b is a or an ancestor of a.
 

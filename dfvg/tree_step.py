@@ -10,7 +10,7 @@ the path and `StepRecord.num_drafted` is the tree size (acceptance rate = path n
 
 What it does not own: the tree's shape rules and acceptance (`dfvg.tree`), greedy trees on CUDA-graph
 models (`dfvg.gpu.tree_device.DeviceTreeStep`, one captured step; the engine picks it), and the FPGA
-datapath's tree drafter (`dfvg.fpga.datapath.tree_drafter`, static greedy trees with an exact integer top-k).
+datapath's tree drafter (`dfvg.fpga.datapath.tree_drafter`, greedy trees with an exact integer top-k).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from dfvg.drafter import DraftBlock, Drafter, TorchDrafter, fit_vocab
 from dfvg.errors import UserError
 from dfvg.feature_head import FeatureDrafter
 from dfvg.fpga.datapath.drafter import FpgaDrafter
-from dfvg.fpga.datapath.tree_drafter import DatapathTreeDrafter
+from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
+from dfvg.fpga.datapath.tree_drafter import DatapathFeatureTreeDrafter, DatapathTreeDrafter
 from dfvg.generate import Outcome
 from dfvg.gpu.graph_drafter import GraphDrafter
 from dfvg.gpu.graphs import GraphVerifier
 from dfvg.sampling import SamplingParams, processed_probs, sample_from
-from dfvg.tree import DYNAMIC_WIDTH, DraftTree, TreeSpec, accept_tree, compact_cache, tree_inputs
+from dfvg.tree import DYNAMIC_WIDTH, DraftTree, TreeSpec, accept_tree, best_nodes, compact_cache, tree_inputs
 from dfvg.verifier import TorchVerifier, Verifier
 
 
@@ -132,8 +133,7 @@ class TreeDrafter:
         scores below its descendant, and ties keep the shallower node, so the kept set is a tree)."""
         keep = list(range(len(grown.tokens)))
         if self.spec.dynamic:
-            depths = DraftTree([], grown.parents, None).depths()
-            keep = sorted(sorted(keep, key=lambda i: (-grown.scores[i], depths[i], i))[: self.spec.budget])
+            keep = best_nodes(grown.scores, grown.parents, self.spec.budget)
         index = {old: new for new, old in enumerate(keep)}
         self.slots = [self.root_pos + 1 + old if old in grown.fed else -1 for old in keep]
         probs = torch.stack([grown.probs[i] for i in keep]) if grown.probs and keep else None
@@ -258,6 +258,9 @@ def tree_step(verifier: Verifier, drafter: Drafter, spec: TreeSpec, sampling: Sa
     if isinstance(drafter, FeatureDrafter):  # the head reads the features this eager verifier writes
         head = FeatureDrafter(drafter.head, verifier, drafter.vocab_size)
         return TreeStep(verifier, FeatureTreeDrafter(head, spec), spec, sampling, rng, draft_length)
+    if isinstance(drafter, FpgaFeatureDrafter):  # the head reads the features this eager verifier writes
+        tree = DatapathFeatureTreeDrafter(drafter.reading(verifier), check_fpga_tree(drafter, spec, sampling))
+        return TreeStep(verifier, tree, spec, sampling, rng, draft_length)
     if isinstance(drafter, FpgaDrafter):
         return TreeStep(verifier, DatapathTreeDrafter(drafter, check_fpga_tree(drafter, spec, sampling)), spec,
                         sampling, rng, draft_length)
@@ -266,12 +269,8 @@ def tree_step(verifier: Verifier, drafter: Drafter, spec: TreeSpec, sampling: Sa
     return TreeStep(verifier, TreeDrafter(drafter, spec), spec, sampling, rng, draft_length)
 
 
-def check_fpga_tree(drafter: FpgaDrafter, spec: TreeSpec, sampling: SamplingParams) -> TreeSpec:
+def check_fpga_tree(drafter: FpgaDrafter | FpgaFeatureDrafter, spec: TreeSpec, sampling: SamplingParams) -> TreeSpec:
     """The spec, or a UserError naming what the FPGA datapath's trees cannot do (`DatapathTreeDrafter`)."""
-    if spec.dynamic:
-        raise UserError(f"--tree {spec.label()} on --draft-device fpga: the datapath ranks a node's children by "
-                        "integer logits but has no probabilities to rank a dynamic tree; use a static shape "
-                        "such as 2,2,1,1")
     if not sampling.greedy:
         raise UserError("--tree on --draft-device fpga is greedy only (a sampled tree needs the draft's "
                         "distribution); drop --temperature or the tree")

@@ -96,7 +96,8 @@ def test_a_feature_head_is_sized_with_its_projections_and_features_over_pcie():
     cfg, h = _cfg(4, 512, 32768), 1536
     plain, head = draft_workload(cfg, 8), draft_workload(cfg, 8, feature_size=h)
     projections = (h + 512) * 512 + 512 * h  # fuse [d, H + d] + predict [H, d]
-    assert head.streamed_weight_bytes() - plain.streamed_weight_bytes() == projections  # int8: a byte each
+    row_params = 8 * (512 + h)  # an int32 multiplier and shift per output row (head_quantize.py's int8 rows)
+    assert head.streamed_weight_bytes() - plain.streamed_weight_bytes() == projections + row_params  # int8
     assert head.macs_per_token(100) - plain.macs_per_token(100) == projections
     design, board = DesignParams(), get_board("u280")
     extra = model_block(head, board, design, 4, 100, new_tokens=3).pcie_time.value - \
@@ -104,7 +105,7 @@ def test_a_feature_head_is_sized_with_its_projections_and_features_over_pcie():
     assert extra == pytest.approx(3 * 2 * h / (design.pcie_gbps * 1e9))  # three bf16 features
     sized = sizing.size_draft(cfg, 8, "u280", k=4, context_len=256, feature_size=h)
     alone = sizing.size_draft(cfg, 8, "u280", k=4, context_len=256)
-    assert sized.on_chip_weight_bytes.value - alone.on_chip_weight_bytes.value == projections
+    assert sized.on_chip_weight_bytes.value - alone.on_chip_weight_bytes.value == projections + row_params
     assert sized.block_time.value > alone.block_time.value and sized.fits_on_chip
 
 

@@ -156,10 +156,7 @@ def test_the_cli_drafts_with_a_feature_head(head_dir, setup):  # noqa: F811
                           text=True, timeout=300)
     assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
     assert json.loads(spec.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
-    assert json.loads(spec.stdout)["stats"]["num_accepted_tokens"] > 0
-    fpga = subprocess.run(args + ["--draft", str(head_dir[0]), "--draft-device", "fpga"], capture_output=True,
-                          text=True, timeout=300)
-    assert fpga.returncode == 2 and fpga.stderr.count("\n") == 1 and "feature head" in fpga.stderr
+    assert json.loads(spec.stdout)["stats"]["num_accepted_tokens"] > 0  # on the FPGA: test_fpga_feature_head.py
 
 
 def test_unsupported_schedules_and_bad_folders_are_refused(head_dir, setup, tmp_path):  # noqa: F811

@@ -14,6 +14,7 @@ from dfvg.cli import main
 from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
 from dfvg.errors import UserError
+from dfvg.fpga.board.latency import softmax_time_s
 from dfvg.fpga.datapath.drafter import FpgaDrafter, draft_block
 from dfvg.fpga.datapath.fixed_point import argmax_lowest, topk_lowest
 from dfvg.fpga.datapath.tree_drafter import DatapathTreeDrafter
@@ -63,7 +64,9 @@ def test_tree_rows_equal_the_chains_rows_bit_for_bit(tiny_pair, drafter):
     tree = tree_drafter.propose(PROMPT, 3, SamplingParams(), torch.Generator())
     chain_model = FpgaDrafter.from_checkpoint(tiny_pair[0], target_vocab_size=96, bits=8).model
     chain_model.setup_cache(96)
-    for node in range(tree_drafter.fed_nodes):  # levels 1 and 2: 3 + 6 nodes
+    fed = [i for i, slot in enumerate(tree_drafter.slots) if slot >= 0]
+    assert fed == list(range(9))  # levels 1 and 2: 3 + 6 nodes, in their own slots
+    for node in fed:
         path = [tree.tokens[i] for i in ancestors(tree.parents, node)]
         chain = chain_model.forward(torch.tensor(PROMPT + path), 0)
         assert torch.equal(frontier_logits(tree_drafter, tree, node), chain), node
@@ -79,7 +82,7 @@ def frontier_logits(tree_drafter: DatapathTreeDrafter, tree, node: int) -> torch
     return tree_drafter._feed(tree.tokens, tree.parents, level)[level.index(node)]
 
 
-@pytest.mark.parametrize("spec", ["1,1,1,1", "2,2,1", "3,1,2"])
+@pytest.mark.parametrize("spec", ["1,1,1,1", "2,2,1", "3,1,2", "dynamic:8"])
 @pytest.mark.parametrize("bits", [8, 4])
 def test_fpga_trees_are_lossless(tiny_pair, spec, bits):
     target = load_model(tiny_pair[0])
@@ -92,13 +95,42 @@ def test_fpga_trees_are_lossless(tiny_pair, spec, bits):
         assert all(s.modeled_draft_s > 0 for s in result.steps if s.num_drafted)  # the board model's time of each tree
 
 
-def test_self_drafting_fpga_tree_accepts_more_than_its_chain(tiny_pair):
+def test_self_drafting_fpga_tree_accepts_more_than_its_chain(tiny_pair, spec="3,2,2"):
     target = load_model(tiny_pair[0])
     fpga = FpgaDrafter.from_checkpoint(tiny_pair[0], target_vocab_size=96, bits=8)
     chain = Engine(TorchVerifier(target)).decode(fpga, PROMPT, 40, k=3)
-    tree = Engine(TorchVerifier(target)).decode(fpga, PROMPT, 40, k=3, tree=parse_tree_spec("3,2,2"))
+    tree = Engine(TorchVerifier(target)).decode(fpga, PROMPT, 40, k=3, tree=parse_tree_spec(spec))
     assert tree.tokens == chain.tokens
     assert tree.stats()["mean_accepted_length"] >= chain.stats()["mean_accepted_length"] > 1
+
+
+def test_a_dynamic_datapath_tree_keeps_its_best_scored_nodes(tiny_pair, drafter):
+    """Scores are the cumulative Q0.30 products of the nodes' integer softmax probabilities: the tree is the
+    budget best of the grown nodes, each kept node's parent is kept, and a root child's score is the float
+    softmax of the dequantized logits to within 2**-12."""
+    tree_drafter = DatapathTreeDrafter(drafter, parse_tree_spec("dynamic:10"))
+    drafter.prefill(PROMPT, 96)
+    seen = []
+    expand = tree_drafter._expand
+    tree_drafter._expand = lambda grown, *a: (seen.append(grown), expand(grown, *a))[1]
+    tree = tree_drafter.propose(PROMPT, 4, SamplingParams(), torch.Generator())
+    grown = seen[0]
+    assert len(tree.tokens) == 10 and len(grown.tokens) > 10
+    ranked = sorted(range(len(grown.tokens)), key=lambda i: -grown.scores[i])
+    best = sorted(ranked[:10])
+    assert all(grown.scores[i] > grown.scores[j] for i in ranked[:9] for j in ranked[11:])  # no tie at the cut
+    assert tree.tokens == [grown.tokens[i] for i in best]
+    assert all(grown.parents[i] < 0 or grown.parents[i] in best for i in best)
+    assert all(p < 0 or grown.scores[i] <= grown.scores[p] for i, p in enumerate(grown.parents))
+    n = len(PROMPT)
+    blocks = drafter.modeled_block_s(1, n - 1, 1) + 3 * drafter.modeled_block_s(1, n, 4)  # root, 3 levels of 4
+    scored = softmax_time_s(drafter.workload, drafter.design, 1 + 4 + 4 + 4)  # the root's row, then 4 a level
+    assert tree.modeled_s == pytest.approx(blocks + scored, rel=1e-9) and scored > 0
+    drafter.prefill(PROMPT, 96)
+    root = drafter.model.forward(torch.tensor(PROMPT), 0)
+    probs = torch.softmax(root.double() * drafter.meta["scales"]["logits"], -1)
+    for i in [i for i, p in enumerate(grown.parents) if p < 0]:
+        assert abs(grown.scores[i] / 2**30 - float(probs[grown.tokens[i]])) < 2**-12
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
@@ -114,8 +146,8 @@ def test_every_family_runs_fpga_trees_from_the_cli(tmp_path, capsys, arch):
 
 
 @pytest.mark.parametrize("spec,sampling,message", [
-    ("dynamic:8", SamplingParams(), "use a static shape"),
     ("2,2", SamplingParams(1.0), "greedy only"),
+    ("dynamic:8", SamplingParams(1.0), "greedy only"),
 ])
 def test_what_fpga_trees_cannot_do_is_refused_in_one_line(tiny_pair, drafter, spec, sampling, message):
     verifier = TorchVerifier(load_model(tiny_pair[0]))

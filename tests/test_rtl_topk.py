@@ -86,3 +86,18 @@ def test_topk_shipped_head_32768_logits(sim):
     idx = _check(sim, x, 4)
     assert idx[0].tolist() == [5, 100, 12_345, 29_999] and idx[1, 0] == HEAD_ROWS - 1
     assert sim.cycles["topk"] - before == 2 * HEAD_ROWS - 1 + 2  # one entry per cycle, then 2 cycles of latency
+
+
+def test_dynamic_tree_scores_on_softmax_row_for_32768_logits(sim):
+    """A dynamic tree scores a node's children by `fp.softmax_q15` of its integer logits (DatapathTreeDrafter):
+    softmax_row, the attention softmax's kernel, computes it bit for bit at the head's full width (32,768
+    logits at the LM head's scale, max |logit| near 2**20 as the quantizer sets it)."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randint(-(1 << 20), 1 << 18, (2, HEAD_ROWS), generator=g)
+    x[1, 5:9] = (1 << 20) - torch.arange(4) * 60000  # a peaked row: a few children hold most of the mass
+    logit_scale = 24.0 / 2**20  # the real draft's logits reach about 24
+    mult_shift = fp.softmax_setup(logit_scale)
+    got = ops.softmax(sim, "t", x, x.max(dim=-1).values, np.full(2, HEAD_ROWS), mult_shift, ops.Tiles(16, 16, 16))
+    want = fp.softmax_q15(x, *mult_shift)
+    assert np.array_equal(got, want.numpy())
+    assert int(want[1, 5]) > 2**14  # the peaked row's best child has most of the probability

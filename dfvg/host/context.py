@@ -75,7 +75,7 @@ def load_prompts_ids(cfg: ExperimentConfig, tokenizer: Any) -> list[dict]:
 
 def load_fpga(cfg: ExperimentConfig, ctx: Context, dtype: torch.dtype, options: dict) -> None:
     """The FPGA drafter (when a variant drafts on it), its board and the resource-estimate inputs (none for a
-    feature head, which the datapath does not implement: an fpga variant is refused by `make_drafter`)."""
+    feature head that no variant drafts on the FPGA: its board figures come from its integer artifact)."""
     drafts_on_fpga = any(p.drafter == "fpga" for p in plans(cfg))
     if is_feature_head(cfg.draft_model) and not drafts_on_fpga:
         return
@@ -83,7 +83,7 @@ def load_fpga(cfg: ExperimentConfig, ctx: Context, dtype: torch.dtype, options: 
     board_name = options.pop("board", "u280")
     if drafts_on_fpga:
         ctx.fpga_drafter = make_drafter(cfg.draft_model, "fpga", dtype, ctx.engine.verifier.vocab_size,
-                                        board=board_name, **options)
+                                        verifier=ctx.engine.verifier, board=board_name, **options)
     drafter = ctx.fpga_drafter
     ctx.board = getattr(drafter, "board", None) or get_board(board_name)
     ctx.fpga_design = getattr(drafter, "design", None) or DesignParams()

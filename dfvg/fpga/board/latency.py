@@ -45,7 +45,7 @@ class DraftWorkload:
     weights = 4.125). `weight_bytes` overrides the bytes streamed per token (calibration against a
     published design). `bytes_resident_on_chip` overrides the residency policy. A feature head
     (`feature_size` H > 0) also runs its projections every token (`feature_params`) and receives each
-    committed position's target feature over PCIe (bf16: 2 H bytes).
+    committed position's target feature over PCIe (`feature_bits`: bf16, 2 H bytes, or int8, H bytes).
     """
 
     num_layers: int
@@ -64,6 +64,7 @@ class DraftWorkload:
     bytes_resident_on_chip: int | None = None
     residency: str = "auto"
     feature_size: int = 0  # a feature head (dfvg.feature_head): the target's hidden size it reads; 0 = none
+    feature_bits: int = 16  # how each feature crosses PCIe: bf16, or int8 (the integer head's input format)
 
     def __post_init__(self) -> None:
         dims = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
@@ -142,12 +143,13 @@ class DesignParams:
     layer_overhead_cycles: float | None = None  # None: from kernel_cycles.json, else assumed 1000
     kv_on_chip: bool | None = None  # None: on chip when max_context positions fit
     max_context: int = 2048  # KV positions the design reserves
+    softmax_lanes: int = 16  # logits a cycle through softmax_row.v (a dynamic tree's node scores), as simulated
     on_chip_usable_fraction: float = 0.85  # of BRAM+URAM after the shell: activation buffers, packing
     cycles_file: Path | None = field(default=None, compare=False)  # kernel_cycles.json (make -C fpga sim)
     rtl_run_file: Path | None = field(default=None, compare=False)  # draft_cycles.json (dfvg.fpga.rtl_run)
 
     def __post_init__(self) -> None:
-        positive = ("clock_mhz", "dsps_used", "pcie_gbps", "max_context")
+        positive = ("clock_mhz", "dsps_used", "pcie_gbps", "max_context", "softmax_lanes")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise UserError(f"DesignParams.{name} must be > 0, got {getattr(self, name)}")
@@ -260,7 +262,7 @@ def _check(workload: DraftWorkload, board: Board, design: DesignParams, k: int, 
 
 
 def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: int, context_len: int,
-                new_tokens: int = 1) -> BlockEstimate:
+                new_tokens: int = 1, feature_tokens: int | None = None) -> BlockEstimate:
     """Model one draft block: ONE kernel launch that feeds `new_tokens` ids and drafts k tokens.
 
     `context_len` is how many positions the draft KV cache already holds when the block starts; the
@@ -279,7 +281,8 @@ def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: 
     compute_s = sum(t[1] for t in terms)
     passes_s = sum(max(t[0], t[1]) for t in terms) + overhead_s * len(passes)
     launch_s = design.launch_overhead_us * 1e-6
-    feature_bytes = 2 * workload.feature_size * new_tokens  # a feature head: the new positions' bf16 features in
+    carried = new_tokens if feature_tokens is None else feature_tokens  # a head: the target's features in
+    feature_bytes = workload.feature_bits // 8 * workload.feature_size * carried
     pcie_bytes = 4 * (new_tokens + k) + feature_bytes  # + int32 ids in and out
     pcie_s = pcie_time_s(pcie_bytes, design)
     block_s = launch_s + pcie_s + passes_s
@@ -308,6 +311,13 @@ def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: 
         board_power=power,
         assumptions=assumptions(board, design, (cycles_prov, cycles_src), efficiency),
     )
+
+
+def softmax_time_s(workload: DraftWorkload, design: DesignParams, rows: int) -> float:
+    """Modeled time of scoring `rows` nodes of a dynamic tree: softmax_row.v streams each row's logits
+    (`vocab_size`, the head's real rows) `design.softmax_lanes` a cycle at the design clock, not overlapped
+    with the passes (it reads their logits). 4 rows of 32,768 at 16 lanes and 250 MHz: 33 us."""
+    return rows * -(-workload.vocab_size // design.softmax_lanes) / (design.clock_mhz * 1e6)
 
 
 def assumptions(board: Board, design: DesignParams, overhead: tuple[str, str],

@@ -59,11 +59,17 @@ def embedding_bytes(cfg: ModelConfig) -> int:
     return cfg.embed_vocab_size * (cfg.hidden_size + ROW_PARAM_BYTES)
 
 
-def draft_workload(cfg: ModelConfig, bits: int = 8, group_size: int = 128, feature_size: int = 0) -> DraftWorkload:
+def draft_workload(cfg: ModelConfig, bits: int = 8, group_size: int = 128, feature_size: int = 0,
+                   feature_bits: int = 16) -> DraftWorkload:
     """The latency model's workload of `cfg` quantized at `bits` (8 or 4): exact artifact bytes, real head rows.
-    `feature_size` > 0: a feature head's body, plus its projections (at `bits`, group scales left out: the
-    datapath does not quantize them yet) and its features over PCIe."""
+    `feature_size` > 0: a feature head's body, plus its projections (int8 with either body width, as
+    dfvg/fpga/datapath/head_quantize.py keeps them) and its features over PCIe (`feature_bits` each)."""
     workload = DraftWorkload.from_model_config(cfg, weight_bits=float(bits), vocab_size=head_rows(cfg),
-                                               feature_size=feature_size)
-    projections = workload.feature_params() * bits // 8
-    return replace(workload, weight_bytes=streamed_bytes(cfg, bits, group_size) + projections)
+                                               feature_size=feature_size, feature_bits=feature_bits)
+    return replace(workload, weight_bytes=streamed_bytes(cfg, bits, group_size) + projection_bytes(cfg, feature_size))
+
+
+def projection_bytes(cfg: ModelConfig, feature_size: int) -> int:
+    """A feature head's fuse [d, H + d] and predict [H, d] at int8 with their per-row multipliers (0 without)."""
+    d = cfg.hidden_size
+    return matrix_bytes(d, feature_size + d, 8, 0) + matrix_bytes(feature_size, d, 8, 0) if feature_size else 0

@@ -23,11 +23,15 @@ from torch import Tensor
 
 from dfvg.checkpoint import load_model, read_json, safetensors_files
 from dfvg.datasets import load_humaneval
+from dfvg.devices import cpu_threads
 from dfvg.errors import UserError
+from dfvg.feature_head import WEIGHTS_FILE as HEAD_WEIGHTS
+from dfvg.feature_head import load_feature_head
+from dfvg.fpga.datapath.head_quantize import calibration_features, quantize_feature_head
 from dfvg.fpga.datapath.quantize import BUILTIN_CALIBRATION, builtin_calibration, quantize_model
 from dfvg.tokenizer import encode, load_tokenizer
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: calibrated on one thread (`cpu_threads`), weights' mtime in the source
 CALIBRATION_PROMPTS, CALIBRATION_TOKENS = 4, 256
 
 def artifact_name(bits: int, group_size: int) -> str:
@@ -35,11 +39,13 @@ def artifact_name(bits: int, group_size: int) -> str:
 
 
 def source_fingerprint(draft_dir: str | Path) -> dict:
-    """What the artifact was built from: path, sha256 of config.json, total bytes of the weight files."""
+    """What the artifact was built from: path, sha256 of config.json, total bytes and the latest modification
+    time of the weight files (a checkpoint retrained in place keeps its shape and bytes, not its mtime)."""
     directory = Path(draft_dir).resolve()
     files = safetensors_files(directory)
     config_sha = hashlib.sha256((directory / "config.json").read_bytes()).hexdigest()
-    return {"path": str(directory), "config_sha256": config_sha, "weights_bytes": sum(f.stat().st_size for f in files)}
+    return {"path": str(directory), "config_sha256": config_sha, "weights_bytes": sum(f.stat().st_size for f in files),
+            "weights_mtime_ns": max(f.stat().st_mtime_ns for f in files)}
 
 
 def default_artifact_dir(draft_dir: str | Path, bits: int, group_size: int) -> Path:
@@ -64,10 +70,17 @@ def save_artifact(directory: str | Path, tensors: dict[str, Tensor], meta: dict)
     os.replace(tmp, directory)
 
 
+def flat(meta: dict, prefix: str = "") -> dict:
+    """{"source": {"path": p}} -> {"source.path": p}: the keys `check_meta` compares."""
+    out = {}
+    for key, value in meta.items():
+        out |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
+    return out
+
+
 def check_meta(meta: dict, expected: dict, directory: Path) -> None:
     """Raise StaleArtifact naming the first field that differs (format version, bits, group size, source)."""
-    have = {"format_version": meta.get("format_version"), "bits": meta.get("bits"),
-            "group_size": meta.get("group_size"), **{f"source.{k}": v for k, v in meta.get("source", {}).items()}}
+    have = flat(meta)
     for key, want in expected.items():
         if have.get(key) != want:
             raise StaleArtifact(f"FPGA artifact {directory} is stale: {key} is {have.get(key)!r}, expected {want!r}")
@@ -101,7 +114,8 @@ def build_artifact(draft_dir: str | Path, bits: int, group_size: int, directory:
     """Load the float draft, calibrate, quantize, save to `directory`; returns (tensors, meta)."""
     model = load_model(draft_dir, dtype=torch.float32, device="cpu")
     seqs, name = calibration_set(Path(draft_dir), model.config.vocab_size)
-    tensors, meta = quantize_model(model, bits, group_size, seqs, inplace=True)
+    with cpu_threads(1):  # the same scales whatever the thread count
+        tensors, meta = quantize_model(model, bits, group_size, seqs, inplace=True)
     del model
     meta |= {"source": source_fingerprint(draft_dir), "calibration": name}
     save_artifact(directory, tensors, meta)
@@ -114,9 +128,12 @@ def load_or_build(draft_dir: str | Path, bits: int = 8, group_size: int = 128, d
     if bits not in (4, 8):
         raise UserError(f"FPGA weight bits must be 8 or 4, got {bits}")
     directory = Path(directory) if directory else default_artifact_dir(draft_dir, bits, group_size)
-    source = source_fingerprint(draft_dir)
     expected = {"bits": bits, "group_size": group_size if bits == 4 else None,
-                **{f"source.{k}": v for k, v in source.items()}}
+                **flat({"source": source_fingerprint(draft_dir)})}
+    return _reload_or(directory, expected, on_stale, lambda: build_artifact(draft_dir, bits, group_size, directory))
+
+
+def _reload_or(directory: Path, expected: dict, on_stale: str, build) -> tuple[dict[str, Tensor], dict]:
     if (directory / "meta.json").is_file():
         try:
             return load_artifact(directory, expected)
@@ -124,7 +141,51 @@ def load_or_build(draft_dir: str | Path, bits: int = 8, group_size: int = 128, d
             if on_stale != "rebuild":
                 raise
             print(f"dfvg: {err}; rebuilding it", file=sys.stderr)
-    return build_artifact(draft_dir, bits, group_size, directory)
+    return build()
+
+
+def head_fingerprint(head_dir: str | Path, target_dir: str | Path) -> dict:
+    """A feature head's artifact depends on its body, its projections and the target whose features set its
+    scales: the body's fingerprint, the projections' sha256, and the target's fingerprint."""
+    projections = Path(head_dir).resolve() / HEAD_WEIGHTS
+    if not projections.is_file():
+        raise UserError(f"{projections} is missing; copy the feature head's folder again in full")
+    return {"source": source_fingerprint(head_dir) | {"projections_sha256": hashlib.sha256(
+        projections.read_bytes()).hexdigest()}, "target": source_fingerprint(target_dir)}
+
+
+def load_or_build_head(head_dir: str | Path, target_dir: str | Path, bits: int = 8, group_size: int = 128,
+                       predict_bits: int = 16, directory: str | Path | None = None,
+                       on_stale: str = "rebuild") -> tuple[dict[str, Tensor], dict]:
+    """A feature head's artifact (`head_quantize.py`): `<head_dir>/dfvg_fpga_head_int8/` (or int4_gG; `_p8` with
+    8-bit predict rows),
+    reloaded when its head, target, bits and predict width match, else built (the fp32 target runs once on
+    the CPU over the calibration prompts: their features set the feature scales)."""
+    if bits not in (4, 8):
+        raise UserError(f"FPGA weight bits must be 8 or 4, got {bits}")
+    name = "dfvg_fpga_head_" + artifact_name(bits, group_size).removeprefix("dfvg_fpga_") + \
+        ("" if predict_bits == 16 else f"_p{predict_bits}")
+    directory = Path(directory) if directory else default_artifact_dir(head_dir, bits, group_size).parent / name
+    fingerprint = head_fingerprint(head_dir, target_dir)
+    expected = {"bits": bits, "group_size": group_size if bits == 4 else None,
+                "feature_head.predict_bits": predict_bits, **flat(fingerprint)}
+    return _reload_or(directory, expected, on_stale,
+                      lambda: build_head_artifact(head_dir, target_dir, bits, group_size, predict_bits, directory))
+
+
+def build_head_artifact(head_dir: str | Path, target_dir: str | Path, bits: int, group_size: int,
+                        predict_bits: int, directory: Path) -> tuple[dict, dict]:
+    """Calibrate the head on the fp32 target's features over the calibration set, quantize, save."""
+    target = load_model(target_dir, dtype=torch.float32, device="cpu")
+    head = load_feature_head(head_dir, target_hidden_size=target.config.hidden_size)
+    seqs, name = calibration_set(Path(head_dir), head.body.config.vocab_size)
+    with cpu_threads(1):  # the same scales whatever the thread count
+        features = calibration_features(target, seqs)
+        del target
+        tensors, meta = quantize_feature_head(head, seqs, features, bits, group_size, predict_bits)
+    meta |= head_fingerprint(head_dir, target_dir) | {"calibration": name}
+    save_artifact(directory, tensors, meta)
+    return tensors, {"format_version": FORMAT_VERSION, **meta}
 
 
 class StaleArtifact(UserError):

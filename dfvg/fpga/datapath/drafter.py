@@ -52,10 +52,14 @@ class FpgaOptions:
 XRT_MAX_K = 16
 
 
-def check_options(bits: int, mode: str, board: str, xclbin: str | Path | None, xrt_backend: str) -> None:
+def check_options(bits: int, mode: str, board: str, xclbin: str | Path | None, xrt_backend: str,
+                  group_size: int = 128) -> None:
     """Refuse bad FPGA options in one line each, before anything slow runs."""
     if bits not in BITS:
         raise UserError(f"--fpga-bits must be 8 or 4, got {bits}")
+    if bits == 4 and (group_size < 2 or group_size % 2):
+        raise UserError(f"--fpga-group-size must be an even integer >= 2 that divides the draft's matrix "
+                        f"widths (e.g. 32, 64, 128), got {group_size}")
     if mode not in MODES:
         raise UserError(f"--fpga-mode must be one of {', '.join(MODES)}, got {mode!r}")
     get_board(board)
@@ -132,10 +136,7 @@ class FpgaDrafter:
         mode="xrt": the board runs it; `xrt_backend="simulated"` runs the same host code on SimulatedXrt
         with this datapath as the device (the tests do that; no board exists in this project).
         """
-        check_options(bits, mode, board, xclbin, xrt_backend)
-        if bits == 4 and (group_size < 2 or group_size % 2):
-            raise UserError(f"--fpga-group-size must be an even integer >= 2 that divides the draft's matrix "
-                            f"widths (e.g. 32, 64, 128), got {group_size}")
+        check_options(bits, mode, board, xclbin, xrt_backend, group_size)
         tensors, meta = load_or_build(draft_dir, bits, group_size, artifact_dir)
         config = load_config(draft_dir)
         device = resolve_device(emulate_device)

@@ -201,7 +201,10 @@ class IntegerDraftModel:
 
     def layers(self, ids: Tensor, start_pos: int, tree: TreeLayout | None = None) -> Tensor:
         """Embedding and every decoder layer: ids [T] -> int32 residual [T, D] (K/V written to the cache)."""
-        r = self.embed(ids)
+        return self.run_layers(self.embed(ids), start_pos, tree)
+
+    def run_layers(self, r: Tensor, start_pos: int, tree: TreeLayout | None = None) -> Tensor:
+        """Every decoder layer on an int32 residual [T, D] (the embedding's, or a feature head's fused input)."""
         for i in range(self.config.num_layers):
             p = f"layers.{i}."
             attn = self._attention(i, self._norm(r, p + "attention_norm"), start_pos, tree)

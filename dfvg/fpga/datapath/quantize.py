@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -63,8 +64,10 @@ def _pair_norm_max(x: Tensor, heads: int, head_dim: int) -> Tensor:
 
 
 @torch.inference_mode()
-def calibrate(model: Transformer, sequences: list[list[int]]) -> dict[str, Tensor]:
+def calibrate(model: Transformer, sequences: list[list[int]],
+              feed: Callable[[], None] | None = None) -> dict[str, Tensor]:
     """Run the float model on `sequences` and return per-channel |activation| maxima by site name.
+    `feed` (no arguments) runs the model instead: a feature head feeds its body fused inputs, not embeddings.
 
     Sites per layer i: attn_in [D], qkv_out [qkv], q_pair, k_pair (scalars), wo_in [H*hd], ffn_in [D],
     w13_out [2I], silu (scalar), w2_in [I]; model-wide: residual (scalar), head_in [D], logits (scalar).
@@ -115,21 +118,21 @@ def calibrate(model: Transformer, sequences: list[list[int]]) -> dict[str, Tenso
         record("logits", y.abs().max().float())
 
     hooks.append(model.output.register_forward_hook(lambda m, a, y: on_head(a[0], y)))
-    _run_hooked(model, sequences, hooks)
-    return {name: value.cpu() for name, value in stats.items()}
-
-
-def _run_hooked(model: Transformer, sequences: list[list[int]], hooks: list) -> None:
-    """Feed every calibration sequence through the float model, then remove the hooks whatever happens."""
     try:
-        device = model.tok_embeddings.weight.device
-        model.setup_cache(1, max(len(s) for s in sequences))
-        for seq in sequences:
-            ids = torch.tensor([seq], device=device)
-            model(ids, torch.arange(len(seq), device=device)[None])
+        (feed or (lambda: feed_tokens(model, sequences)))()
     finally:
         for hook in hooks:
             hook.remove()
+    return {name: value.cpu() for name, value in stats.items()}
+
+
+def feed_tokens(model: Transformer, sequences: list[list[int]]) -> None:
+    """Feed every calibration sequence through the float model."""
+    device = model.tok_embeddings.weight.device
+    model.setup_cache(1, max(len(s) for s in sequences))
+    for seq in sequences:
+        ids = torch.tensor([seq], device=device)
+        model(ids, torch.arange(len(seq), device=device)[None])
 
 
 # -------------------------------------------------------------------------------------- smoothing
@@ -324,7 +327,13 @@ def quantize_model(model: Transformer, bits: int = 8, group_size: int = 128,
     if not inplace:
         model = copy.deepcopy(model)
     smooth(model, calibrate(model, sequences))
-    stats = calibrate(model, sequences)
+    tensors, meta = quantize_calibrated(model, calibrate(model, sequences), bits, group_size)
+    return tensors, meta | {"calibration_tokens": sum(len(s) for s in sequences)}
+
+
+def quantize_calibrated(model: Transformer, stats: dict[str, Tensor], bits: int, group_size: int) -> tuple[dict, dict]:
+    """A smoothed model and its calibration -> (artifact tensors, metadata); see `quantize_model`."""
+    cfg = model.config
     res = max(float(stats["residual"]), 1e-6) / 2**RESIDUAL_BITS
     tensors, end_scales = _quantize_ends(model, stats, res)
     layer_scales = []
@@ -333,7 +342,6 @@ def quantize_model(model: Transformer, bits: int = 8, group_size: int = 128,
         tensors |= _quantize_layer(layer, cfg, sc, res, i, bits, group_size)
         layer_scales.append(sc)
     meta = {"bits": bits, "group_size": group_size if bits == 4 else None, "residual_scale": res,
-            "scales": {"layers": layer_scales, **end_scales}, "smoothing_alpha": SMOOTH_ALPHA,
-            "calibration_tokens": sum(len(s) for s in sequences)}
+            "scales": {"layers": layer_scales, **end_scales}, "smoothing_alpha": SMOOTH_ALPHA}
     return tensors, meta
 
