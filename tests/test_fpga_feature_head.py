@@ -232,11 +232,14 @@ def test_dfvg_run_drafts_with_the_head_on_the_fpga_variant(head_dir, setup, tmp_
     raw = {"name": "head-fpga", "target_model": str(setup / "target"), "draft_model": str(head_dir[0]),
            "dataset": str(setup / "prompts.jsonl"), "num_prompts": 2, "max_new_tokens": 10, "draft_length": 3,
            "num_runs": 1, "variants": ["baseline", "speculative", "fpga"], "output_dir": str(tmp_path / "results"),
-           "warmup": False}
-    summary = json.loads((run_experiments(write_yaml(tmp_path / "exp.yaml", raw)) / "performance_summary.json")
-                         .read_text())
+           "warmup": False, "tree": "dynamic:6"}
+    run_dir = run_experiments(write_yaml(tmp_path / "exp.yaml", raw))
+    summary = json.loads((run_dir / "performance_summary.json").read_text())
     fpga = summary["variants"]["fpga"]
     assert fpga["draft_device"] == "fpga" and fpga["acceptance"]["output_match_rate"]["value"] == 1.0
+    generations = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
+    trees = [g["stats"] for g in generations if g["variant"] == "fpga"]
+    assert trees and all(t["num_draft_tokens"] > 3 * t["num_verify_steps"] for t in trees)  # trees, not chains
     assert fpga["projected"]["tokens_per_second"]["provenance"] == "modeled"
 
 
@@ -293,3 +296,23 @@ def test_bad_options_are_refused_before_the_build(head_dir, setup, tmp_path):  #
         assert "\n" not in str(err.value) and not (tmp_path / "a").exists()
     with pytest.raises(UserError, match="needs the target"):
         make_drafter(head_dir[0], "fpga", torch.float32, VOCAB, verifier=None)
+
+
+def test_the_graph_verifier_feeds_the_fpga_head_as_the_eager_one_does(trained, head_dir, setup):  # noqa: F811
+    """On CUDA the target is a `GraphVerifier` (here its CPU replay): the integer head reads its features, in
+    chains through the host step and in trees through the eager tree step, and drafts what it drafts beside
+    the eager verifier."""
+    from dfvg.gpu.graphs import GraphVerifier
+
+    head, target, seqs = trained
+    eager = TorchVerifier(load_model(setup / "target"))
+    graph = GraphVerifier(load_model(setup / "target"), compile_blocks=False, cache_len=96)
+    for tree in (None, parse_tree_spec("dynamic:6")):
+        runs = []
+        for verifier in (eager, graph):
+            drafter = make_drafter(head_dir[0], "fpga", torch.float32, VOCAB, verifier=verifier)
+            runs.append([Engine(verifier).decode(drafter, seq.prompt, 16, k=3, tree=tree) for seq in seqs[:3]])
+        for want, got, seq in zip(*runs, seqs, strict=False):
+            assert got.tokens == want.tokens == seq.continuation
+            assert [s.num_accepted for s in got.steps] == [s.num_accepted for s in want.steps]
+        assert sum(s.num_accepted for run in runs[1] for s in run.steps) > 0
