@@ -16,6 +16,11 @@ block as the drafter makes them (`dfvg.distill.feature.rollouts` for the float h
 `dfvg.fpga.datapath.head_model.integer_rollouts` for the integer one), which is exact for greedy decoding:
 a test checks the replay step for step against real runs of both drafters. Every figure is measured on this
 machine; nothing here is timed. The last line printed is one JSON object (also written to --output).
+
+`--draft DIR` adds a standalone draft's float and integer τ on the same prompts (teacher forced, exact for
+greedy: `dfvg.distill.evaluate`). The shipped 4 x 512 draft drew its prompts from the same humaneval and
+sharegpt5k files with --heldout-fraction 0.25, which is this test split, and never saw pystdlib: the test
+split is held out for it too.
 """
 
 from __future__ import annotations
@@ -40,9 +45,11 @@ from dfvg.feature_head import load_feature_head  # noqa: E402
 from dfvg.fpga.board.boards import get_board  # noqa: E402
 from dfvg.fpga.board.latency import DesignParams, model_block  # noqa: E402
 from dfvg.fpga.board.workload import draft_workload  # noqa: E402
-from dfvg.fpga.datapath.artifact import load_or_build_head  # noqa: E402
+from dfvg.fpga.datapath import fixed_point as fp  # noqa: E402
+from dfvg.fpga.datapath.artifact import load_or_build, load_or_build_head  # noqa: E402
 from dfvg.fpga.datapath.head_model import IntegerFeatureHead, integer_rollouts  # noqa: E402
 from dfvg.fpga.datapath.head_quantize import quantize_features  # noqa: E402
+from dfvg.fpga.datapath.integer_model import IntegerDraftModel, chain_layout  # noqa: E402
 from dfvg.outputs import atomic_write  # noqa: E402
 from dfvg.sampling import SamplingParams  # noqa: E402
 from dfvg.tokenizer import eos_token_ids, load_tokenizer  # noqa: E402
@@ -67,6 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--variants", default="float,int8,int4", help="float, int8, int4 (comma-separated)")
     p.add_argument("--group-size", type=int, default=128, help="int4 group size")
+    p.add_argument("--draft", default="", help="also a standalone draft's float / integer τ on the same prompts")
+    p.add_argument("--draft-variants", default="float,int8,int4")
     p.add_argument("--ks", default="2,4,6,8")
     p.add_argument("--cache", default="results/fpga_head_eval", help="teacher continuations and features")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
@@ -153,12 +162,14 @@ def main(argv=None) -> dict:
     tokenizer = load_tokenizer(args.target)
     parts, loaded = held_out_prompts(args, tokenizer), {}
     seqs = {part: continuations(args, part, prompts, loaded) for part, prompts in parts.items()}
-    feats = {part: features_of(args, part, seqs[part], loaded) for part in parts}
+    feats = {part: features_of(args, part, seqs[part], loaded) for part in parts} if args.head else {}
     loaded.clear()
     result = {"prompts": {part: [p.key for p in prompts] for part, prompts in parts.items()},
               "max_new_tokens": args.max_new_tokens, "variants": {}}
     if args.head:
         result["variants"] = evaluate_variants(args, parts, seqs, feats)
+    if args.draft:
+        result["draft"] = {"path": args.draft, "variants": evaluate_draft(args, parts, seqs)}
     if args.head and args.e2e_prompts:
         result["end_to_end"] = end_to_end(args, parts["test"])
     text = json.dumps(result)
@@ -202,10 +213,15 @@ def drafts_of(args, name: str, head, sequences, features, board: dict) -> list[t
 
 
 def tables(args, prompts, sequences, drafted) -> dict:
-    """τ and acceptance at every k over all prompts of a split, and per source."""
+    """τ and acceptance at every k over all prompts of a split, and per source, from replayed drafts."""
     ks = [int(k) for k in args.ks.split(",")]
-    steps = [{k: feature.feature_steps(d, seq, k, args.max_new_tokens) for k in ks}
-             for seq, d in zip(sequences, drafted, strict=True)]
+    return steps_tables(args, prompts, [{k: feature.feature_steps(d, seq, k, args.max_new_tokens) for k in ks}
+                                        for seq, d in zip(sequences, drafted, strict=True)])
+
+
+def steps_tables(args, prompts, steps: list[dict]) -> dict:
+    """τ and acceptance at every k over all prompts of a split, and per source, from each sequence's steps."""
+    ks = [int(k) for k in args.ks.split(",")]
 
     def table(rows: list[int]) -> dict:
         return evaluate.steps_table({k: [s for i in rows for s in steps[i][k]] for k in ks})
@@ -215,10 +231,46 @@ def tables(args, prompts, sequences, drafted) -> dict:
             **{name: table([i for i, p in enumerate(prompts) if source_of(p) == name]) for name in sources}}
 
 
+def draft_matches(args, name: str, sequences) -> list[torch.Tensor]:
+    """A standalone draft's teacher-forced greedy matches per sequence (exact for greedy, dfvg.distill.evaluate):
+    the float draft, or its integer datapath (every position's integer logits from one chain pass, which
+    integer sums make equal to the drafter's incremental ones)."""
+    kind, bits, _ = parse_variant(name)
+    if kind == "float":
+        return evaluate.greedy_matches(load_model(args.draft, dtype=torch.float32, device="cpu"), sequences)
+    tensors, _ = load_or_build(args.draft, bits, args.group_size)
+    model = IntegerDraftModel(tensors, load_config(args.draft), bits, "cpu")
+    usable, table = model.head_rows(load_config(args.target).vocab_size)
+    out = []
+    for seq in sequences:
+        ids = torch.tensor(seq.prompt + seq.continuation[:-1])
+        model.setup_cache(ids.shape[0])
+        logits = model.tree_logits(ids, chain_layout(0, ids.shape[0], model.device))[len(seq.prompt) - 1:]
+        picked = fp.argmax_lowest(logits[:, :usable])
+        tokens = picked if table is None else table.to(torch.long)[picked]
+        out.append(tokens == torch.tensor(seq.continuation))
+    return out
+
+
+def evaluate_draft(args, parts, seqs) -> dict:
+    """The standalone draft's float and integer τ on the same splits (its own held-out set: module docstring)."""
+    ks = [int(k) for k in args.ks.split(",")]
+    out = {}
+    for name in args.draft_variants.split(","):
+        out[name] = {}
+        for part in parts:
+            matches = draft_matches(args, name, seqs[part])
+            out[name][part] = steps_tables(args, parts[part], [
+                {k: evaluate.block_steps(m, k, args.max_new_tokens) for k in ks} for m in matches])
+        k = 4 if 4 in ks else ks[0]
+        print(f"draft {name}: test τ(k={k}) {out[name]['test']['all'][k]['mean_accepted_length']:.3f}", file=sys.stderr)
+    return out
+
+
 def evaluate_variants(args, parts, seqs, feats) -> dict:
     head = load_feature_head(args.head, torch.float32, "cpu")
     out, board = {}, {}
-    for name in args.variants.split(","):
+    for name in filter(None, args.variants.split(",")):
         start = time.perf_counter()
         out[name] = {part: tables(args, parts[part], seqs[part],
                                   drafts_of(args, name, head, seqs[part], feats[part], board)) for part in parts}
