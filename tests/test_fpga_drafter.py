@@ -239,3 +239,26 @@ def test_real_draft_integer_top1_tracks_float(bits, min_top1):
     drafter.model.forward(torch.tensor(ids[:48]), 0)
     ints = [drafter.model.next_token(torch.tensor([t]), 48 + i) for i, t in enumerate(ids[48:])]
     assert (torch.tensor(ints) == floats).double().mean() >= min_top1
+
+
+def test_the_benchmarks_integer_matches_replay_the_fpga_drafters_steps(tiny_pair):
+    """benchmarks/feature_head_fpga.py scores a standalone draft's integer datapath from one teacher-forced chain
+    pass; its block steps are the steps a real FpgaDrafter run takes (int8 and int4)."""
+    from argparse import Namespace
+
+    from benchmarks.feature_head_fpga import draft_matches
+    from dfvg.distill import evaluate, teacher
+
+    target = load_model(tiny_pair[0])
+    seqs = teacher.generate_all(target, [PROMPT, [7, 3, 3, 40]], 20, set(), 4, GREEDY, 0, 2, log=lambda line: None)
+    for bits, name in ((8, "int8"), (4, "int4")):  # the target quantized drafts for itself: partly accepted
+        args = Namespace(draft=str(tiny_pair[0]), target=str(tiny_pair[0]), group_size=16)
+        matches = draft_matches(args, name, seqs)
+        assert 0 < sum(int(m.sum()) for m in matches) < sum(len(m) for m in matches)
+        fpga = FpgaDrafter.from_checkpoint(tiny_pair[0], target_vocab_size=96, bits=bits, group_size=16)
+        for seq, m in zip(seqs, matches, strict=True):
+            real = generate(TorchVerifier(target), seq.prompt, 20, drafter=fpga, draft_length=3)
+            assert real.tokens == seq.continuation
+            replayed = evaluate.block_steps(m, 3, 20)
+            assert [(s.num_drafted, s.num_accepted) for s in real.steps] == \
+                [(s.num_drafted, s.num_accepted) for s in replayed]
