@@ -119,7 +119,30 @@ def committed_features(verifier, start: int, end: int) -> Tensor:
     return torch.cat([rows.new_zeros(1, rows.shape[1]), rows]) if start == 0 else rows
 
 
-class FeatureDrafter:
+class FeatureCatchUp:
+    """The cache contract of every drafter of a feature head (`FeatureDrafter`, the FPGA datapath's
+    `FpgaFeatureDrafter`): positions below `true_len` were fed with the target's features, those a block fed
+    with the head's own predictions are dropped at `rollback`. Subclasses give `_setup_cache`, `_feed` and
+    `_true_features`."""
+
+    cached_len: int = 0
+    true_len: int = 0
+
+    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
+        """Reset on a prompt (after the verifier's prefill): feed all its tokens but the last."""
+        self._setup_cache(max_seq_len)
+        self.cached_len = self.true_len = 0
+        if len(prompt_ids) > 1:
+            with torch.inference_mode():
+                self._feed(prompt_ids[:-1], 0, self._true_features(0, len(prompt_ids) - 1))
+            self.cached_len = self.true_len = len(prompt_ids) - 1
+
+    def rollback(self, num_valid: int) -> None:
+        """Positions >= num_valid are invalid, and so are those fed with predicted features (>= true_len)."""
+        self.cached_len = self.true_len = min(self.true_len, num_valid)
+
+
+class FeatureDrafter(FeatureCatchUp):
     """A `FeatureHead` drafting on a torch device from the features its verifier writes by position.
 
     The verifier's `features` hold f_p for every committed position p but the last (a verify pass writes
@@ -140,18 +163,8 @@ class FeatureDrafter:
         self.cached_len = 0
         self.true_len = 0
 
-    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
-        """Reset on a prompt (after the verifier's prefill): feed all its tokens but the last."""
+    def _setup_cache(self, max_seq_len: int) -> None:
         self.head.body.setup_cache(1, max_seq_len)
-        self.cached_len = self.true_len = 0
-        if len(prompt_ids) > 1:
-            with torch.inference_mode():
-                self._feed(prompt_ids[:-1], 0, self._true_features(0, len(prompt_ids) - 1))
-            self.cached_len = self.true_len = len(prompt_ids) - 1
-
-    def rollback(self, num_valid: int) -> None:
-        """Positions >= num_valid are invalid, and so are those fed with predicted features (>= true_len)."""
-        self.cached_len = self.true_len = min(self.true_len, num_valid)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,

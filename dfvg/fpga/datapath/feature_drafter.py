@@ -1,7 +1,7 @@
 """`FpgaFeatureDrafter`: a feature head (dfvg.feature_head) drafting on the FPGA datapath, emulated bit-exactly.
 
 What this module owns: turning a head's folder into a drafter on the integer head (artifact reload or build,
-`artifact.load_or_build_head`), the drafting loop with `FeatureDrafter`'s cache contract, and the modeled
+`artifact.load_or_build_head`), the drafting loop (the cache contract is `FeatureCatchUp`'s), and the modeled
 board time of each block. What it does not own: the numbers (`head_quantize.py`), the arithmetic
 (`head_model.py`) or which features a verifier writes (`dfvg.feature_head.committed_features`).
 
@@ -26,7 +26,7 @@ from dfvg.checkpoint import load_config
 from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import DraftBlock
 from dfvg.errors import UserError
-from dfvg.feature_head import committed_features
+from dfvg.feature_head import FeatureCatchUp, committed_features
 from dfvg.fpga.board.boards import get_board
 from dfvg.fpga.board.latency import DesignParams, model_block
 from dfvg.fpga.board.workload import draft_workload
@@ -37,7 +37,7 @@ from dfvg.fpga.datapath.head_quantize import quantize_features
 from dfvg.sampling import SamplingParams
 
 
-class FpgaFeatureDrafter:
+class FpgaFeatureDrafter(FeatureCatchUp):
     """A quantized feature head drafting from its verifier's features, on the emulated datapath."""
 
     def __init__(self, model: IntegerFeatureHead, meta: dict, verifier, target_vocab_size: int | None = None,
@@ -81,19 +81,9 @@ class FpgaFeatureDrafter:
         model = IntegerFeatureHead(tensors, load_config(head_dir), bits, resolve_device(emulate_device))
         return cls(model, meta, verifier, target_vocab_size, board, group_size)
 
-    def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
-        """Reset on a prompt (after the verifier's prefill): feed all its tokens but the last."""
+    def _setup_cache(self, max_seq_len: int) -> None:
         self.design = DesignParams(max_context=max(DesignParams.max_context, max_seq_len))
         self.model.setup_cache(max_seq_len)
-        self.cached_len = self.true_len = 0
-        if len(prompt_ids) > 1:
-            with torch.inference_mode():
-                self._feed(prompt_ids[:-1], 0, self._true_features(0, len(prompt_ids) - 1))
-            self.cached_len = self.true_len = len(prompt_ids) - 1
-
-    def rollback(self, num_valid: int) -> None:
-        """Positions >= num_valid are invalid, and so are those fed with predicted features (>= true_len)."""
-        self.cached_len = self.true_len = min(self.true_len, num_valid)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
