@@ -16,6 +16,7 @@ import torch
 from benchmarks.gpu_speed import KERNELS, cuda_median_ms, save, sync, timed_runs
 from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
+from dfvg.errors import UserError
 from dfvg.generate import generate
 from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter, draft_graph
 from dfvg.gpu.graphs import GraphVerifier, token_graph
@@ -285,15 +286,26 @@ def phase_hf_static(args, models) -> dict:
             "compiled": hasattr(model, "_compiled_call") and model._compiled_call is not None}
 
 
-def fpga_drafter(args, models):
+def fpga_drafter(args, models, verifier):
+    """The FPGA drafter of the run's draft: a standalone draft's `FpgaDrafter`, or a feature head's
+    `FpgaFeatureDrafter` reading `verifier`'s features (its scales calibrated on the same target)."""
     from dfvg.fpga.datapath.drafter import FpgaDrafter
+    from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
 
+    vocab, artifact = models["target"].config.vocab_size, Path(args.work_dir) / "fpga_artifact"
+    if args.fpga_head:  # calibrated on the target's checkpoint as this run saved it (hf_from_gguf)
+        target_dir = Path(args.work_dir) / "target"
+        if not (target_dir / "config.json").is_file():
+            raise UserError(f"--fpga-head calibrates on the target's checkpoint, but {target_dir} holds none "
+                            "(transformers did not save the GGUF-converted target); run without --fpga-head")
+        return FpgaFeatureDrafter.from_checkpoint(args.fpga_head, verifier, target_dir, vocab,
+                                                  emulate_device=args.device, artifact_dir=artifact)
     draft_dir = Path(args.distilled_draft) if args.distilled_draft else Path(args.work_dir) / "draft"
     if args.tiny:
         draft_dir = Path(tempfile.mkdtemp()) / "draft"
         models["hf_draft"].save_pretrained(draft_dir)
-    return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=models["target"].config.vocab_size,
-                                       emulate_device=args.device, artifact_dir=Path(args.work_dir) / "fpga_artifact")
+    return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=vocab, emulate_device=args.device,
+                                       artifact_dir=artifact)
 
 
 def fpga_runner(verifier, drafter, k: int, n: int, mode: str):
@@ -326,16 +338,20 @@ def phase_fpga(args, models) -> dict:
     """FPGA-emulated draft (integer datapath on this GPU) in the sync and overlap schedules of the host
     pipeline: measured, and projected onto the board model (`fpga_runner`).
 
-    The draft is the FPGA-sized distilled one (`--distilled-draft`; the 0.5B does not fit a board's memory)."""
+    The draft is the FPGA-sized distilled one (`--distilled-draft`; the 0.5B does not fit a board's memory),
+    or the feature head of `--fpga-head` (sync only: a head drafts from the block just verified)."""
     n, dev = args.max_new_tokens, args.device
     prompts = models["prompts"][: max(3, args.prompts // 4)]
     verifier, _ = graph_pair(args, models, args.kernels)
     start = time.perf_counter()
-    drafter = fpga_drafter(args, models)
+    drafter = fpga_drafter(args, models, verifier)
     out = {"fpga_build_s": time.perf_counter() - start, "fpga_prompts": len(prompts),
-           "fpga_draft": str(args.distilled_draft or "0.5B work-dir copy")}
+           "fpga_draft": str(args.fpga_head or args.distilled_draft or "0.5B work-dir copy")}
+    from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
+
+    modes = ("sync",) if isinstance(drafter, FpgaFeatureDrafter) else ("sync", "overlap")
     for k in args.fpga_ks:
-        for mode in ("sync", "overlap"):
+        for mode in modes:
             out[f"fpga_{mode}_k{k}"] = timed_runs(f"fpga-emulated {mode} k={k}", prompts,
                                                   fpga_runner(verifier, drafter, k, n, mode), dev)
         save(args, "fpga", dict(out))

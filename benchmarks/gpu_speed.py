@@ -93,6 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-draft", action="store_true",
                    help="no 0.5B draft (its GGUF is not on the machine): target, distilled and FPGA rows only")
     p.add_argument("--fpga-ks", default="4,8", type=draft_lengths, help="draft lengths of the FPGA-emulated phase")
+    p.add_argument("--fpga-head", default="", help="the fpga phase drafts with this feature head's integer datapath "
+                                                   "instead of --distilled-draft (sync schedule only)")
     p.add_argument("--one-kernel", action="store_true",
                    help="dfvg phase: only --kernels' rows (no compiled-block / eager-kernel / eager-model plain rows)")
     p.add_argument("--trees", default="2,2,1,1 4,2,1,1 dynamic:16", type=tree_specs,

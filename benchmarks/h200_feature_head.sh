@@ -25,7 +25,9 @@
 # head, keeps its head vocabulary, and regenerates the teacher data of step 1 first; PROMPT_DIR holds the
 # prompt files when they were carried in an earlier call) and times the result the same way, as H2.
 # TREES (default "dynamic:16 dynamic:40") are the tree shapes the first timing adds for DRAFT and the head.
-# After the first timing, benchmarks/feature_head_probe.py splits the head's prefill and profiles a request.
+# After the first timing, benchmarks/feature_head_probe.py splits the head's prefill and profiles a request,
+# and gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath (emulated on the GPU, sync,
+# k = 4, 5 prompts): its schedule measured, projected onto the U280 model (fpga.json).
 # The trained H2 lands in $out/h2 as 15 MiB parts (fetch at most 8 files per call).
 # GPU_TESTS=1 first runs the gpu-marked tests of the head (the graph drafter's lockstep and lossless checks).
 set -euo pipefail
@@ -59,6 +61,10 @@ if [ -n "${HEAD:-}" ]; then
   python3 benchmarks/feature_head_probe.py --phases dfvg --ks 4 --one-kernel --skip-draft --feature-head "$HEAD" \
     --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 6 --results /root/probe \
     --out "$out" 2>&1 | tail -80 > "$out/feature_head_probe.log" || echo "the probe failed (its log says why)"
+  # the head on the emulated int8 datapath (this GPU), its schedule measured and projected onto the U280 model
+  python3 benchmarks/gpu_speed.py --phases fpga --fpga-head "$HEAD" --fpga-ks 4 --skip-draft \
+    --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/fpga \
+    --out "$out" 2>&1 | tail -40 > "$out/fpga_head.log" || echo "the FPGA head phase failed (its log says why)"
   [ "${MORE_STEPS:-0}" -gt 0 ] || { echo DONE; exit 0; }
   echo "== prepare teacher ($(date -u +%T))"
   bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
