@@ -299,7 +299,8 @@ def fpga_drafter(args, models, verifier):
             raise UserError(f"--fpga-head calibrates on the target's checkpoint, but {target_dir} holds none "
                             "(transformers did not save the GGUF-converted target); run without --fpga-head")
         return FpgaFeatureDrafter.from_checkpoint(args.fpga_head, verifier, target_dir, vocab,
-                                                  emulate_device=args.device, artifact_dir=artifact)
+                                                  emulate_device=args.device, artifact_dir=artifact.with_name(
+                                                      "fpga_artifact_head"))
     draft_dir = Path(args.distilled_draft) if args.distilled_draft else Path(args.work_dir) / "draft"
     if args.tiny:
         draft_dir = Path(tempfile.mkdtemp()) / "draft"
@@ -343,6 +344,9 @@ def phase_fpga(args, models) -> dict:
     n, dev = args.max_new_tokens, args.device
     prompts = models["prompts"][: max(3, args.prompts // 4)]
     verifier, _ = graph_pair(args, models, args.kernels)
+    if args.fpga_head:  # a verifier of its own: a head turns feature writes on for good (as `feature_pair`)
+        verifier = GraphVerifier(models["target"], compile_blocks=args.kernels == "compiled",
+                                 fused_layers=args.kernels == "fused", cache_len=cache_len(models, args))
     start = time.perf_counter()
     drafter = fpga_drafter(args, models, verifier)
     out = {"fpga_build_s": time.perf_counter() - start, "fpga_prompts": len(prompts),

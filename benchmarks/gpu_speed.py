@@ -321,6 +321,9 @@ def main(argv=None) -> int:
         block_sizes.apply_tuned(json.loads(Path(args.tuned).read_text()))
         print(f"fused block sizes from {args.tuned}: {len(block_sizes.TUNED)} shapes", flush=True)
     phases = args.phases.split(",")
+    if args.fpga_head and "fpga" not in phases:
+        print("error: --fpga-head drafts in the fpga phase; add fpga to --phases", file=sys.stderr)
+        return 2
     if "llama_cpp" in phases and (why := llama_cpp_peer.refusal(args)):
         print(why, file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ from dfvg.cli import main
 from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
 from dfvg.errors import UserError
-from dfvg.fpga.board.latency import softmax_time_s
+from dfvg.fpga.board.latency import softmax_time_s, topk_time_s
 from dfvg.fpga.datapath.drafter import FpgaDrafter, draft_block
 from dfvg.fpga.datapath.fixed_point import argmax_lowest, topk_lowest
 from dfvg.fpga.datapath.tree_drafter import DatapathTreeDrafter
@@ -124,8 +124,10 @@ def test_a_dynamic_datapath_tree_keeps_its_best_scored_nodes(tiny_pair, drafter)
     assert all(p < 0 or grown.scores[i] <= grown.scores[p] for i, p in enumerate(grown.parents))
     n = len(PROMPT)
     blocks = drafter.modeled_block_s(1, n - 1, 1) + 3 * drafter.modeled_block_s(1, n, 4)  # root, 3 levels of 4
-    scored = softmax_time_s(drafter.workload, drafter.design, 1 + 4 + 4 + 4)  # the root's row, then 4 a level
-    assert tree.modeled_s == pytest.approx(blocks + scored, rel=1e-9) and scored > 0
+    rows = 1 + 4 + 4 + 4  # expanded: the root, then 4 a level
+    work, design = drafter.workload, drafter.design
+    chosen = softmax_time_s(work, design, rows) + topk_time_s(work, design, rows)
+    assert tree.modeled_s == pytest.approx(blocks + chosen, rel=1e-9) and chosen > 0
     drafter.prefill(PROMPT, 96)
     root = drafter.model.forward(torch.tensor(PROMPT), 0)
     probs = torch.softmax(root.double() * drafter.meta["scales"]["logits"], -1)

@@ -144,12 +144,13 @@ class DesignParams:
     kv_on_chip: bool | None = None  # None: on chip when max_context positions fit
     max_context: int = 2048  # KV positions the design reserves
     softmax_lanes: int = 16  # logits a cycle through softmax_row.v (a dynamic tree's node scores), as simulated
+    topk_lanes: int = 1  # logits a cycle through topk_stream.v (a tree node's children), as simulated
     on_chip_usable_fraction: float = 0.85  # of BRAM+URAM after the shell: activation buffers, packing
     cycles_file: Path | None = field(default=None, compare=False)  # kernel_cycles.json (make -C fpga sim)
     rtl_run_file: Path | None = field(default=None, compare=False)  # draft_cycles.json (dfvg.fpga.rtl_run)
 
     def __post_init__(self) -> None:
-        positive = ("clock_mhz", "dsps_used", "pcie_gbps", "max_context", "softmax_lanes")
+        positive = ("clock_mhz", "dsps_used", "pcie_gbps", "max_context", "softmax_lanes", "topk_lanes")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise UserError(f"DesignParams.{name} must be > 0, got {getattr(self, name)}")
@@ -314,10 +315,18 @@ def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: 
 
 
 def softmax_time_s(workload: DraftWorkload, design: DesignParams, rows: int) -> float:
-    """Modeled time of scoring `rows` nodes of a dynamic tree: softmax_row.v streams each row's logits
-    (`vocab_size`, the head's real rows) `design.softmax_lanes` a cycle at the design clock, not overlapped
-    with the passes (it reads their logits). 4 rows of 32,768 at 16 lanes and 250 MHz: 33 us."""
+    """Modeled time of scoring the children of `rows` expanded nodes of a dynamic tree: softmax_row.v streams
+    each row's logits (`vocab_size`, the head's real rows) `design.softmax_lanes` a cycle at the design clock,
+    not overlapped with the passes (it reads their logits). 4 rows of 32,768 at 16 lanes and 250 MHz: 33 us."""
     return rows * -(-workload.vocab_size // design.softmax_lanes) / (design.clock_mhz * 1e6)
+
+
+def topk_time_s(workload: DraftWorkload, design: DesignParams, rows: int) -> float:
+    """Modeled time of choosing the children of `rows` expanded tree nodes: topk_stream.v takes
+    `design.topk_lanes` logits a cycle (1, as simulated), not overlapped with the passes. One row of 32,768
+    at 250 MHz: 131 us, which a wider kernel (lanes of top-k units and a merge) would cut; a chain's argmax
+    is not this: argmax_stream rides on the LM head's output inside the pass."""
+    return rows * -(-workload.vocab_size // design.topk_lanes) / (design.clock_mhz * 1e6)
 
 
 def assumptions(board: Board, design: DesignParams, overhead: tuple[str, str],

@@ -14,9 +14,11 @@ reciprocal, at the logits' scale), and a score is the parent's times it in Q0.30
 expands the `DYNAMIC_WIDTH` best new nodes (ties: the earlier), and the `N` best of all (ties: shallower, then
 earlier, `dfvg.tree.best_nodes`) are kept. Greedy only: a sampled tree needs the draft's distribution for
 SpecInfer's rule, which `tree_step` refuses in one line; an XRT board's kernel drafts chains. The modeled
-board time of a tree is one modeled block per depth (`FpgaDrafter.modeled_block_s` with that depth's rows):
-modeled, not measured, plus, for a dynamic tree, one modeled softmax row per scored node
-(`latency.softmax_time_s`; its RTL is `softmax_row.v`).
+board time of a tree is one modeled block per depth (`FpgaDrafter.modeled_block_s` with that depth's rows)
+plus, per expanded node, a top-k over its logits (`latency.topk_time_s`, `topk_stream.v`'s one logit a cycle)
+and for a dynamic tree a softmax row (`latency.softmax_time_s`, `softmax_row.v`): modeled, not measured. A
+child whose Q0.15 probability rounds to 0 (below about 1.5e-5) scores 0; ties then go to the shallower and
+earlier node, so the integer tree can differ from the float one on such children (lossless either way).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dfvg.devices import synchronize
-from dfvg.fpga.board.latency import softmax_time_s
+from dfvg.fpga.board.latency import softmax_time_s, topk_time_s
 from dfvg.fpga.datapath import fixed_point as fp
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
@@ -68,8 +70,7 @@ class DatapathTreeDrafter:
         logits, modeled = self._root(context)
         grown, frontier, fed = Grown(), [-1], set()
         for level in range(depth):
-            if self.spec.dynamic:  # the frontier's node scores: one softmax row each (modeled)
-                modeled += softmax_time_s(self.drafter.workload, self.drafter.design, len(frontier))
+            modeled += self._selection_s(len(frontier))
             added = self._expand(grown, frontier, logits, level)
             frontier = added if not self.spec.dynamic else \
                 sorted(added, key=lambda i: (-grown.scores[i], i))[:DYNAMIC_WIDTH]
@@ -105,6 +106,13 @@ class DatapathTreeDrafter:
     def _level_block_s(self, rows: int) -> float:
         """Modeled board time of feeding one level's `rows` nodes (one block of k = 1)."""
         return self.drafter.modeled_block_s(1, self.root_pos + 1, rows)
+
+    def _selection_s(self, rows: int) -> float:
+        """Modeled board time of choosing the children of `rows` expanded nodes: a top-k over each row's
+        logits, and for a dynamic tree its softmax too (`latency.topk_time_s`, `softmax_time_s`)."""
+        d = self.drafter
+        scores = softmax_time_s(d.workload, d.design, rows) if self.spec.dynamic else 0.0
+        return topk_time_s(d.workload, d.design, rows) + scores
 
     def _root(self, context: list[int]) -> tuple[torch.Tensor, float]:
         """Feed the committed ids the cache lacks: (integer logits [1, V] after the root, modeled board time)."""
