@@ -320,4 +320,5 @@ if __name__ == "__main__":
     try:
         main()
     except UserError as err:
-        sys.exit(f"feature_head_fpga: {err}")
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

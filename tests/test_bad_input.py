@@ -256,6 +256,11 @@ CASES: dict[str, Case] = {
     "add-model-unwritable-registry": Case(("add_model.py", "--target", "target", "--draft", "draft", "--registry",
                                            "afile/models.yaml"), "cannot write the model registry"),
     # prepare_dataset.py
+    # benchmarks/gpu_speed.py and feature_head_fpga.py: options refused before anything loads
+    "gpu-speed-fpga-head-without-its-phase": Case(("benchmarks/gpu_speed.py", "--fpga-head", "draft", "--phases",
+                                                   "dfvg"), "--fpga-head drafts in the fpga phase"),
+    "head-fpga-missing-prompt-files": Case(("benchmarks/feature_head_fpga.py", "--target", "target", "--prompt-dir",
+                                            "nowhere"), "nowhere/humaneval.jsonl is missing"),
     # benchmarks/fpga_reproject.py: the recorded report it re-projects
     "reproject-missing-summary": Case(("benchmarks/fpga_reproject.py", "--summary", "nowhere.json", "--target",
                                        "target"), "not a readable performance_summary.json"),
