@@ -45,7 +45,6 @@ from dfvg.feature_head import load_feature_head  # noqa: E402
 from dfvg.fpga.board.boards import get_board  # noqa: E402
 from dfvg.fpga.board.latency import DesignParams, model_block  # noqa: E402
 from dfvg.fpga.board.workload import draft_workload  # noqa: E402
-from dfvg.fpga.datapath import fixed_point as fp  # noqa: E402
 from dfvg.fpga.datapath.artifact import load_or_build, load_or_build_head  # noqa: E402
 from dfvg.fpga.datapath.head_model import IntegerFeatureHead, integer_rollouts  # noqa: E402
 from dfvg.fpga.datapath.head_quantize import quantize_features  # noqa: E402
@@ -240,15 +239,13 @@ def draft_matches(args, name: str, sequences) -> list[torch.Tensor]:
         return evaluate.greedy_matches(load_model(args.draft, dtype=torch.float32, device="cpu"), sequences)
     tensors, _ = load_or_build(args.draft, bits, args.group_size)
     model = IntegerDraftModel(tensors, load_config(args.draft), bits, "cpu")
-    usable, table = model.head_rows(load_config(args.target).vocab_size)
+    vocab_limit = load_config(args.target).vocab_size
     out = []
     for seq in sequences:
         ids = torch.tensor(seq.prompt + seq.continuation[:-1])
         model.setup_cache(ids.shape[0])
         logits = model.tree_logits(ids, chain_layout(0, ids.shape[0], model.device))[len(seq.prompt) - 1:]
-        picked = fp.argmax_lowest(logits[:, :usable])
-        tokens = picked if table is None else table.to(torch.long)[picked]
-        out.append(tokens == torch.tensor(seq.continuation))
+        out.append(model.tokens(logits, vocab_limit) == torch.tensor(seq.continuation))
     return out
 
 

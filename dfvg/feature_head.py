@@ -128,6 +128,13 @@ class FeatureCatchUp:
     cached_len: int = 0
     true_len: int = 0
 
+    def _read_features_of(self, verifier) -> None:
+        """Read `verifier`'s features from now on (it writes them once asked), or refuse one that has none."""
+        if not hasattr(verifier, "keep_features"):
+            raise UserError(f"a feature head reads the target's hidden states, which {type(verifier).__name__} "
+                            "does not give; run the target on one process")
+        self.verifier, verifier.keep_features = verifier, True
+
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
         """Reset on a prompt (after the verifier's prefill): feed all its tokens but the last."""
         self._setup_cache(max_seq_len)
@@ -153,11 +160,8 @@ class FeatureDrafter(FeatureCatchUp):
     over in the middle of a generation (a fallback, a retry) catches up from the verifier alone."""
 
     def __init__(self, head: FeatureHead, verifier, target_vocab_size: int | None = None):
-        if not hasattr(verifier, "keep_features"):
-            raise UserError(f"a feature head reads the target's hidden states, which {type(verifier).__name__} "
-                            "does not give; run the target on one process")
-        self.head, self.verifier = head, verifier
-        verifier.keep_features = True
+        self._read_features_of(verifier)
+        self.head = head
         self.device = head.fuse.weight.device
         self.vocab_size = target_vocab_size or head.body.config.vocab_size
         self.cached_len = 0

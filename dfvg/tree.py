@@ -110,6 +110,17 @@ class DraftTree:
         return depths
 
 
+def fed_prefix(path: list[int], slots: list[int]) -> list[int]:
+    """The draft cache slots of a path's leading nodes that the drafter fed (slot >= 0), up to the first it did
+    not: what a tree drafter keeps after acceptance."""
+    kept = []
+    for node in path:
+        if slots[node] < 0:
+            break
+        kept.append(slots[node])
+    return kept
+
+
 def best_nodes(scores: list, parents: list[int], budget: int) -> list[int]:
     """A dynamic tree's pruning: the `budget` best nodes by score (ties: the shallower, then the earlier), in
     creation order. The kept set is a tree because a node never scores above its parent."""

@@ -32,7 +32,16 @@ from dfvg.generate import Outcome
 from dfvg.gpu.graph_drafter import GraphDrafter
 from dfvg.gpu.graphs import GraphVerifier
 from dfvg.sampling import SamplingParams, processed_probs, sample_from
-from dfvg.tree import DYNAMIC_WIDTH, DraftTree, TreeSpec, accept_tree, best_nodes, compact_cache, tree_inputs
+from dfvg.tree import (
+    DYNAMIC_WIDTH,
+    DraftTree,
+    TreeSpec,
+    accept_tree,
+    best_nodes,
+    compact_cache,
+    fed_prefix,
+    tree_inputs,
+)
 from dfvg.verifier import TorchVerifier, Verifier
 
 
@@ -142,11 +151,7 @@ class TreeDrafter:
     def accept(self, path: list[int]) -> None:
         """Compact the path's leading fed nodes to slots root_pos+1..; everything else is void (the next
         `propose` feeds the rest of the committed tokens, as the chain drafter catches up)."""
-        kept = []
-        for node in path:
-            if self.slots[node] < 0:
-                break
-            kept.append(self.slots[node])
+        kept = fed_prefix(path, self.slots)
         compact_cache(self.model, kept, self.root_pos + 1)
         self.drafter.cached_len = self.root_pos + 1 + len(kept)
 

@@ -42,11 +42,8 @@ class FpgaFeatureDrafter(FeatureCatchUp):
 
     def __init__(self, model: IntegerFeatureHead, meta: dict, verifier, target_vocab_size: int | None = None,
                  board: str = "u280", group_size: int = 128):
-        if not hasattr(verifier, "keep_features"):
-            raise UserError(f"a feature head reads the target's hidden states, which {type(verifier).__name__} "
-                            "does not give; run the target on one process")
-        self.model, self.meta, self.verifier = model, meta, verifier
-        verifier.keep_features = True
+        self._read_features_of(verifier)
+        self.model, self.meta = model, meta
         self.device = model.device
         self.feature_scales = torch.tensor(meta["feature_head"]["feature_scales"], dtype=torch.float64)
         self.scales_on: dict[torch.device, Tensor] = {}  # the scales where the verifier keeps its features
@@ -61,7 +58,7 @@ class FpgaFeatureDrafter(FeatureCatchUp):
         """This drafter (same integer head) reading another verifier's features: a tree step verifies on the
         eager form of a CUDA-graph target."""
         twin = copy.copy(self)
-        twin.verifier, verifier.keep_features = verifier, True
+        twin._read_features_of(verifier)
         return twin
 
     @classmethod

@@ -20,7 +20,7 @@ from torch import Tensor
 from dfvg.devices import tf32_matmuls
 from dfvg.distill.teacher import TeacherSequence
 from dfvg.fpga.datapath import fixed_point as fp
-from dfvg.fpga.datapath.integer_model import IntegerDraftModel, TreeLayout, chain_layout
+from dfvg.fpga.datapath.integer_model import IntegerDraftModel, TreeLayout, chain_layout, leading_one_shift
 from dfvg.model import ModelConfig
 
 
@@ -41,9 +41,7 @@ class IntegerFeatureHead(IntegerDraftModel):
 
     def predict(self, r: Tensor) -> Tensor:
         """The last layer's int32 residual [T, d] -> int8 predicted features [T, H] at the feature scales."""
-        top = r.abs().amax(dim=-1, keepdim=True).clamp(min=1)
-        bits = torch.frexp(top.to(torch.float64))[1].to(torch.int64)  # leading-one position
-        row_shift = (bits - (self.predict_bits - 1)).clamp(min=0)  # [T, 1]
+        row_shift = leading_one_shift(r, self.predict_bits - 1)  # [T, 1]
         limit = 2 ** (self.predict_bits - 1) - 1
         x = fp.rounding_shift(r, row_shift).clamp(-limit, limit)
         acc = fp.int8_matmul(x.to(torch.int8), self.t["predict.weight"]) if self.predict_bits == 8 else \
@@ -66,12 +64,6 @@ class IntegerFeatureHead(IntegerDraftModel):
                 r = r[rows]
             return self._linear32(self._norm(r, "norm"), "output"), self.predict(r)
 
-    def tokens(self, logits: Tensor, vocab_limit: int | None) -> Tensor:
-        """Greedy token ids [R] of integer logits [R, Vh]: lowest head row on ties, mapped to token ids."""
-        usable, table = self.head_rows(vocab_limit)
-        picked = fp.argmax_lowest(logits[:, :usable])
-        return picked if table is None else table.to(torch.long)[picked]
-
 
 def integer_rollouts(model: IntegerFeatureHead, features: Tensor, seq: TeacherSequence, depth: int,
                      vocab_limit: int | None = None) -> Tensor:
@@ -83,8 +75,7 @@ def integer_rollouts(model: IntegerFeatureHead, features: Tensor, seq: TeacherSe
     tokens, start = seq.prompt + seq.continuation, len(seq.prompt) - 1
     fed, rows = len(tokens) - 1, len(seq.continuation)
     slots_total = fed + (depth - 1) * rows
-    model.max_seq_len = 0
-    model.setup_cache(slots_total)
+    model.setup_cache(slots_total)  # slots another sequence left are never read: `keep` covers this call's
     inputs = torch.cat([features.new_zeros(1, features.shape[1]), features[: fed - 1]]).to(device)
     layout = chain_layout(0, fed, device)
     keep = torch.zeros(fed, slots_total, dtype=torch.bool, device=device)

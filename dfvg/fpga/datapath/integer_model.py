@@ -40,6 +40,14 @@ def requantize_int32(acc: Tensor, multiplier: Tensor, shift: Tensor, bias: Tenso
     return fp.rounding_shift(acc * multiplier.to(torch.int64), shift).clamp(INT32_MIN, INT32_MAX)
 
 
+def leading_one_shift(x: Tensor, bits: int) -> Tensor:
+    """Per row of x [T, N], the right shift [T, 1] that leaves its largest |value| at most `bits` bits long
+    (0 when it already is): a leading-one detector on the row's max (|max| clamped to >= 1)."""
+    top = x.abs().amax(dim=-1, keepdim=True).clamp(min=1)  # [T, 1]
+    length = torch.frexp(top.to(torch.float64))[1].to(torch.int64)  # bit length
+    return (length - bits).clamp(min=0)
+
+
 def rmsnorm_wide(x: Tensor, gamma: Tensor, params: tuple[int, int, int]) -> Tensor:
     """int32 residual [T, D] -> int8 [T, D]: shift each row into 15 bits, then `fixed_point.rmsnorm`.
 
@@ -47,9 +55,7 @@ def rmsnorm_wide(x: Tensor, gamma: Tensor, params: tuple[int, int, int]) -> Tens
     term eps_term0 / 4**8; a row with max |x| < 2**14 is left as is.
     """
     multiplier, shift, eps0 = params
-    top = x.abs().amax(dim=-1, keepdim=True).clamp(min=1)  # [T, 1]
-    bits = torch.frexp(top.to(torch.float64))[1].to(torch.int64)  # bit length (leading-one detector)
-    row_shift = (bits - NORM_INPUT_BITS).clamp(min=0)
+    row_shift = leading_one_shift(x, NORM_INPUT_BITS)
     x16 = fp.rounding_shift(x, row_shift)
     eps = fp.rounding_shift(torch.full_like(row_shift, eps0), 2 * row_shift)
     return fp.rmsnorm(x16, gamma, multiplier, shift, eps)
@@ -234,7 +240,10 @@ class IntegerDraftModel:
 
     def next_token(self, ids: Tensor, start_pos: int, vocab_limit: int | None = None) -> int:
         """Greedy draft token after ids: argmax (lowest index on ties) of the integer logits."""
-        logits = self.forward(ids, start_pos)
+        return int(self.tokens(self.forward(ids, start_pos)[None], vocab_limit)[0])
+
+    def tokens(self, logits: Tensor, vocab_limit: int | None) -> Tensor:
+        """Greedy token ids [R] of integer logits [R, Vh]: lowest head row on ties, mapped to token ids."""
         usable, table = self.head_rows(vocab_limit)
-        row = int(fp.argmax_lowest(logits[:usable]))
-        return row if table is None else int(table[row])
+        picked = fp.argmax_lowest(logits[:, :usable])
+        return picked if table is None else table.to(torch.long)[picked]

@@ -35,7 +35,7 @@ from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
 from dfvg.fpga.datapath.integer_model import TreeLayout
 from dfvg.sampling import SamplingParams
-from dfvg.tree import DYNAMIC_WIDTH, DraftTree, TreeSpec, best_nodes, tree_inputs
+from dfvg.tree import DYNAMIC_WIDTH, DraftTree, TreeSpec, best_nodes, fed_prefix, tree_inputs
 
 SCORE_ONE = 1 << 30  # the root's score: probability 1 in Q0.30
 
@@ -139,11 +139,7 @@ class DatapathTreeDrafter:
     def accept(self, path: list[int]) -> None:
         """Move the path's leading fed nodes to slots root + 1.. of every layer's int8 cache; the next
         `propose` feeds the rest of the committed tokens, as the chain drafter catches up."""
-        kept = []
-        for node in path:
-            if self.slots[node] < 0:
-                break
-            kept.append(self.slots[node])
+        kept = fed_prefix(path, self.slots)
         if kept:
             src = torch.tensor(kept, device=self.device)
             dest = torch.arange(self.root_pos + 1, self.root_pos + 1 + len(kept), device=self.device)
