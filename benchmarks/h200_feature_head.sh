@@ -29,7 +29,7 @@
 # and gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath (emulated on the GPU, sync,
 # k = 4, 5 prompts): its schedule measured, projected onto the U280 model (fpga.json).
 # The trained H2 lands in $out/h2 as 15 MiB parts (fetch at most 8 files per call).
-# GPU_TESTS=1 first runs the gpu-marked tests of the head (the graph drafter's lockstep and lossless checks).
+# GPU_TESTS=1 first runs the gpu-marked tests of the head and of device trees (lockstep and lossless checks).
 set -euo pipefail
 chunks=$1
 out=$2
@@ -55,7 +55,8 @@ if [ -n "${HEAD:-}" ]; then
   compgen -G "$HEAD/model.safetensors.part*" >/dev/null && cat "$HEAD"/model.safetensors.part* > "$HEAD/model.safetensors"
   sha256sum "$HEAD"/*.safetensors | tee -a "$out/sha256.txt"
   if [ "${GPU_TESTS:-0}" = 1 ]; then
-    python3 -m pytest -q -m gpu tests/test_feature_head.py tests/test_feature_device_step.py 2>&1 | tail -15 | tee "$out/gpu_tests.log" || true
+    python3 -m pytest -q -m gpu tests/test_feature_head.py tests/test_feature_device_step.py tests/test_feature_tree.py \
+      tests/test_tree_device.py 2>&1 | tail -15 | tee "$out/gpu_tests.log" || true
   fi
   time_head "$HEAD" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why); training goes on"
   python3 benchmarks/feature_head_probe.py --phases dfvg --ks 4 --one-kernel --skip-draft --feature-head "$HEAD" \
