@@ -83,6 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "on this CPU): plain, the float and int8 heads as k-chains and as --e2e-trees")
     p.add_argument("--e2e-k", type=int, default=4)
     p.add_argument("--e2e-trees", default="3,2,2,1,1;dynamic:16", help="tree shapes, ';'-separated")
+    p.add_argument("--write-prompts", default="",
+                   help="only write the test split's prompts to this JSON file in gpu_speed.py's --prompts-file "
+                        "format (source by source, the first --test-per-source of each), then stop")
     p.add_argument("--output", default="")
     return p.parse_args(argv)
 
@@ -160,6 +163,11 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.target)
     parts, loaded = held_out_prompts(args, tokenizer), {}
+    if args.write_prompts:  # the GPU benchmark's end-to-end runs on exactly these held-out prompts
+        rows = [{"id": p.key, "ids": p.ids, "held_out": True} for p in parts["test"]]
+        atomic_write(Path(args.write_prompts), json.dumps(rows))
+        print(f"{len(rows)} test prompts -> {args.write_prompts}", file=sys.stderr)
+        return {"prompts": [row["id"] for row in rows]}
     seqs = {part: continuations(args, part, prompts, loaded) for part, prompts in parts.items()}
     feats = {part: features_of(args, part, seqs[part], loaded) for part in parts} if args.head else {}
     loaded.clear()

@@ -25,9 +25,11 @@
 # head, keeps its head vocabulary, and regenerates the teacher data of step 1 first; PROMPT_DIR holds the
 # prompt files when they were carried in an earlier call) and times the result the same way, as H2.
 # TREES (default "dynamic:16 dynamic:40") are the tree shapes the first timing adds for DRAFT and the head.
-# After the first timing, benchmarks/feature_head_probe.py splits the head's prefill and profiles a request,
-# and gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath (emulated on the GPU, sync,
-# k = 4, 5 prompts): its schedule measured, projected onto the U280 model (fpga.json).
+# After the first timing, gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath (emulated
+# on the GPU, sync, k = 4, 5 prompts): its schedule measured, projected onto the U280 model (fpga.json); then
+# HELDOUT="a.json b.json" times the head the same way on each of those prompt files (held-out prompts of other
+# sources: feature_head_fpga.py --write-prompts; with HELDOUT_TREES, default dynamic:16), and
+# benchmarks/feature_head_probe.py splits the head's prefill and profiles a request.
 # The trained H2 lands in $out/h2 as 15 MiB parts (fetch at most 8 files per call).
 # GPU_TESTS=1 first runs the gpu-marked tests of the head and of device trees (lockstep and lossless checks).
 set -euo pipefail
@@ -43,12 +45,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD GGUF_DIR=/root/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/res
 pd=${PROMPT_DIR:-results/distill_prompts}
 export PROMPTS=$pd/humaneval.jsonl*8,$pd/sharegpt5k.jsonl,$pd/pystdlib.jsonl
-time_head() {  # head folder, log name[, trees]: plain, the standalone DRAFT and the head at k = 4 (and each
-  # tree shape for both), in one run
+time_head() {  # head folder, log name[, trees[, prompts file]]: plain, the standalone DRAFT and the head at
+  # k = 4 (and each tree shape for both), in one run
   python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "${3:-}" --skip-draft --feature-head "$1" \
     --distilled-draft "${DRAFT:-drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768}" \
-    --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/speed \
-    --out "$out" 2>&1 | tee "$out/$2.log"
+    --gguf-dir /root/gguf --work-dir /root/w --prompts-file "${4:-.chunks/prompts.json}" --prompts 20 \
+    --results /root/speed --out "$out" 2>&1 | tee "$out/$2.log"
   mv "$out/dfvg.json" "$out/$2.json"
 }
 if [ -n "${HEAD:-}" ]; then
@@ -59,13 +61,17 @@ if [ -n "${HEAD:-}" ]; then
       tests/test_tree_device.py 2>&1 | tail -15 | tee "$out/gpu_tests.log" || true
   fi
   time_head "$HEAD" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why); training goes on"
-  python3 benchmarks/feature_head_probe.py --phases dfvg --ks 4 --one-kernel --skip-draft --feature-head "$HEAD" \
-    --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 6 --results /root/probe \
-    --out "$out" 2>&1 | tail -80 > "$out/feature_head_probe.log" || echo "the probe failed (its log says why)"
   # the head on the emulated int8 datapath (this GPU), its schedule measured and projected onto the U280 model
   python3 benchmarks/gpu_speed.py --phases fpga --fpga-head "$HEAD" --fpga-ks 4 --skip-draft \
     --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/fpga \
     --out "$out" 2>&1 | tail -40 > "$out/fpga_head.log" || echo "the FPGA head phase failed (its log says why)"
+  for file in ${HELDOUT:-}; do  # held-out prompts of other sources (feature_head_fpga.py --write-prompts)
+    time_head "$HEAD" "gpu_speed_fh_$(basename "$file" .json)" "${HELDOUT_TREES-dynamic:16}" "$file" \
+      || echo "timing on $file failed (its log says why)"
+  done
+  python3 benchmarks/feature_head_probe.py --phases dfvg --ks 4 --one-kernel --skip-draft --feature-head "$HEAD" \
+    --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 6 --results /root/probe \
+    --out "$out" 2>&1 | tail -80 > "$out/feature_head_probe.log" || echo "the probe failed (its log says why)"
   [ "${MORE_STEPS:-0}" -gt 0 ] || { echo DONE; exit 0; }
   echo "== prepare teacher ($(date -u +%T))"
   bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
