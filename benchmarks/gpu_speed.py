@@ -155,6 +155,16 @@ def write_prompts(path: str, count: int = 164) -> None:
           f"{max(len(r['ids']) for r in rows)}")
 
 
+def save_dequantized(model, folder: Path) -> None:
+    """save_pretrained of a GGUF-loaded model, whose weights are already plain bf16 tensors: transformers marks
+    such a model as GGUF-quantized and refuses to serialize it, but the FPGA head phase calibrates on the
+    saved checkpoint, so the mark is dropped first (the tensors saved are the ones the run uses)."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(folder)
+
+
 def hf_from_gguf(args, name: str, tag: str):
     """HF model in bf16 on the device: from the work-dir copy, else converted from the GGUF (then saved)."""
     from transformers import AutoModelForCausalLM
@@ -167,8 +177,8 @@ def hf_from_gguf(args, name: str, tag: str):
         model = AutoModelForCausalLM.from_pretrained(args.gguf_dir, gguf_file=name, dtype=torch.float32)
         model = model.to(torch.bfloat16)
         try:
-            model.save_pretrained(saved)
-        except ValueError as exc:  # transformers refuses to save some GGUF-loaded models
+            save_dequantized(model, saved)
+        except ValueError as exc:
             print(f"[{tag}] not cached ({str(exc).splitlines()[0][:120]})", flush=True)
         print(f"[{tag}] converted {name} in {time.perf_counter() - start:.1f} s", flush=True)
     return model.to(args.device).eval().requires_grad_(False)

@@ -326,7 +326,8 @@ def test_the_graph_head_drafts_the_eager_heads_blocks(head_dir, setup, random_he
     from dfvg.gpu.graphs import GraphVerifier
 
     head, root = (load_feature_head(head_dir[0]), setup) if pair == "trained" else random_head
-    prompts = PROMPTS[:2] if pair == "trained" else ([5, 17, 33, 8, 2, 41], [60, 3])
+    long_prompt = [(i * 37 + 11) % 61 for i in range(150)]  # prefilled in 64-row chunks (GraphFeatureDrafter._feed)
+    prompts = PROMPTS[:2] if pair == "trained" else ([5, 17, 33, 8, 2, 41], [60, 3], long_prompt)
     for verifier in (TorchVerifier(load_model(root / "target")),
                      GraphVerifier(load_model(root / "target"), compile_blocks=False, cache_len=96)):
         eager = FeatureDrafter(head, verifier, verifier.vocab_size)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.gpu_report import report
 
@@ -355,3 +356,22 @@ def test_the_heads_fpga_projection_keeps_every_measured_cost(tmp_path):
     slower = json.loads((tmp_path / "out.json").read_text())["projection"]["int8"]
     assert slower["projected_tokens_per_s"] < int8["projected_tokens_per_s"]
     assert projection.main(["--speed", str(tmp_path / "none.json"), "--head", str(head)]) == 2
+
+
+def test_a_gguf_loaded_target_is_saved_plain_for_the_fpga_heads_calibration(tmp_path):
+    """transformers marks a GGUF-loaded model as quantized and refuses save_pretrained; the FPGA head phase
+    calibrates on the saved target, so the benchmark drops the mark and saves the bf16 tensors it runs."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from benchmarks.gpu_speed import save_dequantized
+    from dfvg.checkpoint import load_model
+
+    config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=64, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config)
+    model.config.quantization_config = {"quant_method": "gguf"}
+    model.hf_quantizer = object()  # what save_pretrained refuses
+    save_dequantized(model, tmp_path / "target")
+    assert "quantization_config" not in json.loads((tmp_path / "target/config.json").read_text())
+    reloaded = load_model(tmp_path / "target")
+    assert torch.equal(reloaded.tok_embeddings.weight, model.model.embed_tokens.weight)

@@ -14,9 +14,9 @@ import time
 import torch
 from torch import Tensor
 
-from dfvg.drafter import DraftBlock, TorchDrafter
+from dfvg.drafter import DraftBlock, TorchDrafter, fit_vocab
 from dfvg.feature_head import FeatureDrafter, FeatureHead
-from dfvg.gpu.graphs import SCRATCH, GraphModel
+from dfvg.gpu.graphs import PREFILL_CHUNK, SCRATCH, GraphModel
 from dfvg.gpu.tree_rows import TreeRows
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
@@ -152,6 +152,22 @@ class GraphFeatureDrafter(FeatureDrafter):
         tokens = graph.drafts[0].tolist()
         self.true_len, self.cached_len = length, length + k - 1
         return DraftBlock(tokens, None, time.perf_counter() - start)
+
+    def _feed(self, tokens: list[int], start_pos: int, features: Tensor) -> tuple[Tensor, Tensor]:
+        """The eager feed (a prompt, a long catch-up) on the graph model's layers, `PREFILL_CHUNK` rows at a
+        time, as the target's prefill runs: (logits [V] after the last token, its f^ [H]).
+
+        Why: the head's own eager forward (scaled_dot_product_attention over the whole cache) cost 55-128 ms
+        per prompt on the H200 whenever the prompt's length was new to the drafter, and ~15 ms otherwise,
+        against the target's 8 ms prefill (benchmarks/RESULTS.md, 2026-12-05, 11:26 lease); the fused layers
+        take any row count up to 64 with no per-length cost. The cache rows written are the ones the head's
+        graphs write for the same positions."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        pos = torch.arange(start_pos, start_pos + len(tokens), device=self.device)
+        for a in range(0, len(tokens), PREFILL_CHUNK):
+            b = a + PREFILL_CHUNK
+            logits, predicted = head_rows(self.head, self.gm, ids[a:b], features[a:b], pos[a:b])
+        return fit_vocab(logits[-1], self.vocab_size), predicted[-1]
 
     def _graph(self, c: int, k: int) -> _FeatureDraftGraph:
         graph = self.gm.graphs.get(("feature-draft", c, k))
