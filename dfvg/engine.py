@@ -43,7 +43,7 @@ from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
 from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter
 from dfvg.gpu.graphs import GraphVerifier
-from dfvg.gpu.tree_device import DeviceTreeStep, fits_device_tree, tree_room, tree_shape
+from dfvg.gpu.tree_device import DeviceTreeStep, device_tree_prompt_len, fits_device_tree, tree_room, tree_shape
 from dfvg.host.adaptive import AdaptiveDraftLength
 from dfvg.host.batch import run_batch
 from dfvg.host.pipeline import run_pipeline
@@ -196,6 +196,10 @@ class Engine:
             step = HostStep(self.verifier, shared, sampling, torch.Generator().manual_seed(seed), timeline)
             return decode(step, prompt_ids, max_new_tokens, k=k, eos_ids=eos_ids, context_limit=self.context_limit)
         if drafter is not None and tree is not None:  # a tree drafts on the torch drafter itself (no fallback yet)
+            lead = device_tree_prompt_len(drafter, tree, k) - len(prompt_ids)
+            if lead > 0 and fits_device_tree(self.verifier, drafter, tree, sampling.greedy, len(prompt_ids) + lead, k):
+                return self._plain_lead_then_tree(drafter, prompt_ids, lead, max_new_tokens, k=k, eos_ids=eos_ids,
+                                                  sampling=sampling, seed=seed, tree=tree)
             step = self._tree_step(drafter, tree, sampling, seed, k, len(prompt_ids))
             return decode(step, prompt_ids, max_new_tokens, k=step.depth, eos_ids=eos_ids,
                           context_limit=self.context_limit)
@@ -211,6 +215,21 @@ class Engine:
         else:
             step = HostStep(self.verifier, guard, sampling, torch.Generator().manual_seed(seed), timeline)
         return decode(step, prompt_ids, max_new_tokens, k=k, eos_ids=eos_ids, context_limit=self.context_limit)
+
+    def _plain_lead_then_tree(self, drafter: Drafter, prompt_ids: list[int], lead: int, max_new_tokens: int, *,
+                              k: int, eos_ids, sampling: SamplingParams, seed: int, tree: TreeSpec) -> GenerationResult:
+        """A greedy device tree whose prompt is `lead` tokens too short for it: those tokens as plain decoding
+        makes them, then the device tree from the longer context.
+
+        Why: the other way, the eager tree, is lossless in exact arithmetic, but its bf16 verify rounds
+        differently from plain decoding: on the H200 a 4-token ShareGPT prompt's output differed from plain's
+        (benchmarks/RESULTS.md, 2026-12-05, 11:26 lease). The device steps' rows are bit-identical to plain's."""
+        first = self.decode(None, prompt_ids, min(lead, max_new_tokens), k=0, eos_ids=eos_ids)
+        if first.stopped_by != "max_new_tokens" or len(first.tokens) >= max_new_tokens:
+            return first
+        rest = self.decode(drafter, prompt_ids + first.tokens, max_new_tokens - len(first.tokens), k=k,
+                           eos_ids=eos_ids, sampling=sampling, seed=seed, tree=tree)
+        return first.then(rest)
 
     def batch_drafters(self, make: Callable[[], Drafter] | None, rows: int,
                        sampling: SamplingParams) -> list[Drafter | None]:

@@ -79,6 +79,15 @@ class GenerationResult:
         self.steps.append(outcome.record())
         self.faults += outcome.faults
 
+    def then(self, rest: GenerationResult) -> GenerationResult:
+        """This generation continued by `rest` (decoded from this one's prompt and tokens) as one result;
+        rest's prefill of that longer context counts as decode time, since it is inside the request."""
+        for fault in rest.faults:
+            fault.step += len(self.steps)
+        return GenerationResult(self.tokens + rest.tokens, self.steps + rest.steps, self.prefill_s,
+                                self.decode_s + rest.prefill_s + rest.decode_s, rest.stopped_by,
+                                self.warmup_s + rest.warmup_s, self.faults + rest.faults)
+
     def fault_records(self) -> list[dict]:
         """Each fault with the tokens decoded without a draft from its step until the next fault (or the end)."""
         if not self.faults:

@@ -100,20 +100,36 @@ def test_device_tree_leaves_the_target_cache_as_plain_decoding_does(arch_pair):
 
 
 def test_trees_the_device_step_cannot_take_run_eagerly(arch_pair):
-    """Sampling and a prompt no longer than the tree is deep take the eager tree step; a chain afterwards
-    still takes its own captured step, and a second tree run reuses the captured tree."""
+    """Sampling takes the eager tree step; a chain afterwards still takes its own captured step, and a second
+    tree run reuses the captured tree."""
     target_dir, draft_dir = arch_pair
     engine, drafter = graph_engine(target_dir, draft_dir)
     spec = parse_tree_spec("2,2,1")
-    short = [5, 6]
-    assert engine.decode(drafter, short, 12, k=4, tree=spec).tokens == \
-        generate(TorchVerifier(load_model(target_dir)), short, 12).tokens
     sampled = engine.decode(drafter, PROMPT, 8, k=4, tree=spec, sampling=SamplingParams(1.0), seed=1)
     assert len(sampled.tokens) == 8 and engine.device_steps == {}
     engine.decode(drafter, PROMPT, 8, k=4, tree=spec)
     engine.decode(drafter, PROMPT, 8, k=4, tree=spec)
     engine.decode(drafter, PROMPT, 8, k=4)
     assert [type(s).__name__ for s in engine.device_steps.values()] == ["DeviceTreeStep", "DeviceStep"]
+
+
+@pytest.mark.parametrize("max_new", [1, 12])
+def test_a_prompt_too_short_for_the_device_tree_decodes_plainly_until_it_fits(arch_pair, monkeypatch, max_new):
+    """Greedy: the first tokens as plain decoding makes them, then the device tree, never the eager tree
+    (whose bf16 verify rounds differently from plain decoding); one result, equal to plain decoding."""
+    target_dir, draft_dir = arch_pair
+    engine, drafter = graph_engine(target_dir, draft_dir)
+    spec, short = parse_tree_spec("2,2,1"), [5, 6]
+    monkeypatch.setattr("dfvg.engine.tree_step", lambda *a, **k: pytest.fail("the eager tree step was built"))
+    result = engine.decode(drafter, short, max_new, k=4, tree=spec)
+    assert result.tokens == generate(TorchVerifier(load_model(target_dir)), short, max_new).tokens
+    lead = tree_shape(spec, 4).depth + 1 - len(short)
+    assert [s.num_drafted for s in result.steps][:lead] == [0] * min(lead, max_new)
+    if max_new > lead:
+        assert isinstance(list(engine.device_steps.values())[-1], DeviceTreeStep)
+        assert sum(s.num_drafted for s in result.steps) > 0
+    else:
+        assert len(result.steps) == max_new
 
 
 def tree_attention_failures(device: str) -> list[str]:

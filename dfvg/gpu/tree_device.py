@@ -290,10 +290,16 @@ class DeviceTreeStep:
 def fits_device_tree(verifier: object, drafter: object, spec: TreeSpec, greedy: bool, prompt_len: int,
                      draft_length: int) -> bool:
     """Whether a tree can run as `DeviceTreeStep`: greedy, graph models (a standalone draft or a feature head),
-    and a prompt longer than the tree is deep (the draft catch-up refeeds D + 1 tokens; a head's reads one
-    feature more). Any tree size: more rows than one fused launch takes run in chunks."""
+    and a prompt of at least `device_tree_prompt_len` tokens. Any tree size: more rows than one fused launch
+    takes run in chunks."""
     head = isinstance(drafter, GraphFeatureDrafter)
     graphs = isinstance(verifier, GraphVerifier) and (isinstance(drafter, GraphDrafter) or head)
     depth = tree_shape(spec, draft_length).depth
-    shortest = depth + 2 if head else depth + 1  # a head's catch-up also reads the feature before its first row
-    return greedy and graphs and depth >= 1 and prompt_len >= shortest
+    return greedy and graphs and depth >= 1 and prompt_len >= device_tree_prompt_len(drafter, spec, draft_length)
+
+
+def device_tree_prompt_len(drafter: object, spec: TreeSpec, draft_length: int) -> int:
+    """The shortest prompt `DeviceTreeStep` takes: longer than the tree is deep (the draft catch-up refeeds
+    D + 1 tokens), one more for a head (its catch-up also reads the feature before its first row)."""
+    depth = tree_shape(spec, draft_length).depth
+    return depth + 2 if isinstance(drafter, GraphFeatureDrafter) else depth + 1
