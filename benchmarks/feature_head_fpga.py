@@ -49,7 +49,7 @@ from dfvg.fpga.datapath.artifact import load_or_build, load_or_build_head  # noq
 from dfvg.fpga.datapath.head_model import IntegerFeatureHead, integer_rollouts  # noqa: E402
 from dfvg.fpga.datapath.head_quantize import quantize_features  # noqa: E402
 from dfvg.fpga.datapath.integer_model import IntegerDraftModel, chain_layout  # noqa: E402
-from dfvg.outputs import atomic_write  # noqa: E402
+from dfvg.outputs import atomic_write, check_output_file  # noqa: E402
 from dfvg.sampling import SamplingParams  # noqa: E402
 from dfvg.tokenizer import eos_token_ids, load_tokenizer  # noqa: E402
 from dfvg.tree import parse_tree_spec  # noqa: E402
@@ -159,6 +159,9 @@ def features_of(args, part: str, seqs: list[teacher.TeacherSequence], loaded: di
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    for flag, path in (("--write-prompts", args.write_prompts), ("--output", args.output)):
+        if path:  # refused in one line now, not after the target's continuations
+            check_output_file(path, flag)
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.target)
@@ -167,7 +170,9 @@ def main(argv=None) -> dict:
         rows = [{"id": p.key, "ids": p.ids, "held_out": True} for p in parts["test"]]
         atomic_write(Path(args.write_prompts), json.dumps(rows))
         print(f"{len(rows)} test prompts -> {args.write_prompts}", file=sys.stderr)
-        return {"prompts": [row["id"] for row in rows]}
+        result = {"prompts": {"test": [row["id"] for row in rows]}, "written": args.write_prompts}
+        print(json.dumps(result))
+        return result
     seqs = {part: continuations(args, part, prompts, loaded) for part, prompts in parts.items()}
     feats = {part: features_of(args, part, seqs[part], loaded) for part in parts} if args.head else {}
     loaded.clear()

@@ -158,7 +158,12 @@ def write_prompts(path: str, count: int = 164) -> None:
 def save_dequantized(model, folder: Path) -> None:
     """save_pretrained of a GGUF-loaded model, whose weights are already plain bf16 tensors: transformers marks
     such a model as GGUF-quantized and refuses to serialize it, but the FPGA head phase calibrates on the
-    saved checkpoint, so the mark is dropped first (the tensors saved are the ones the run uses)."""
+    saved checkpoint, so the mark is dropped first (the tensors saved are the ones the run uses). A model that
+    kept packed GGUF modules (transformers does where a dequantizing kernel package is installed) is refused:
+    its weights are not plain tensors."""
+    packed = sorted({type(m).__name__ for m in model.modules() if "gguf" in type(m).__name__.lower()})
+    if packed:
+        raise ValueError(f"the model keeps packed GGUF modules ({', '.join(packed)})")
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

@@ -39,7 +39,7 @@ from dfvg.fallback import FaultInjection, FaultPolicy, GuardedDrafter, Slot
 from dfvg.feature_head import FeatureDrafter, feature_drafter
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
-from dfvg.generate import GenerationResult, HostStep, decode, max_seq_len
+from dfvg.generate import GenerationResult, HostStep, check_lengths, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
 from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter
 from dfvg.gpu.graphs import GraphVerifier
@@ -217,13 +217,15 @@ class Engine:
         return decode(step, prompt_ids, max_new_tokens, k=k, eos_ids=eos_ids, context_limit=self.context_limit)
 
     def _plain_lead_then_tree(self, drafter: Drafter, prompt_ids: list[int], lead: int, max_new_tokens: int, *,
-                              k: int, eos_ids, sampling: SamplingParams, seed: int, tree: TreeSpec) -> GenerationResult:
+                              k: int, eos_ids: tuple[int, ...] | list[int], sampling: SamplingParams, seed: int,
+                              tree: TreeSpec) -> GenerationResult:
         """A greedy device tree whose prompt is `lead` tokens too short for it: those tokens as plain decoding
         makes them, then the device tree from the longer context.
 
         Why: the other way, the eager tree, is lossless in exact arithmetic, but its bf16 verify rounds
         differently from plain decoding: on the H200 a 4-token ShareGPT prompt's output differed from plain's
         (benchmarks/RESULTS.md, 2026-12-05, 11:26 lease). The device steps' rows are bit-identical to plain's."""
+        check_lengths(prompt_ids, max_new_tokens, k, self.context_limit)  # the user's numbers, before any decoding
         first = self.decode(None, prompt_ids, min(lead, max_new_tokens), k=0, eos_ids=eos_ids)
         if first.stopped_by != "max_new_tokens" or len(first.tokens) >= max_new_tokens:
             return first
@@ -306,8 +308,9 @@ class Engine:
         with self.warming():
             for drafter in drafters:
                 for k in k_values if drafter is not None else [0]:
-                    self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2), k=k,
-                                tree=tree if drafter is not None else None)
+                    on_tree = tree if drafter is not None else None  # a prompt short for the tree: its plain lead too
+                    lead = max(0, device_tree_prompt_len(drafter, tree, k) - len(warm_prompt)) if on_tree else 0
+                    self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2 + lead), k=k, tree=on_tree)
         if isinstance(self.verifier, GraphVerifier):
             self.verifier.prepare(k_max + 1)
         for drafter in self.drafters:

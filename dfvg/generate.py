@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -81,12 +81,13 @@ class GenerationResult:
 
     def then(self, rest: GenerationResult) -> GenerationResult:
         """This generation continued by `rest` (decoded from this one's prompt and tokens) as one result;
-        rest's prefill of that longer context counts as decode time, since it is inside the request."""
-        for fault in rest.faults:
-            fault.step += len(self.steps)
+        rest's prefill of that longer context counts as decode time, since it is inside the request, and
+        rest's faults are stamped with their step and time within the whole generation."""
+        elapsed = self.prefill_s + self.decode_s
+        moved = [replace(f, step=f.step + len(self.steps), at_s=f.at_s + elapsed) for f in rest.faults]
         return GenerationResult(self.tokens + rest.tokens, self.steps + rest.steps, self.prefill_s,
                                 self.decode_s + rest.prefill_s + rest.decode_s, rest.stopped_by,
-                                self.warmup_s + rest.warmup_s, self.faults + rest.faults)
+                                self.warmup_s + rest.warmup_s, self.faults + moved)
 
     def fault_records(self) -> list[dict]:
         """Each fault with the tokens decoded without a draft from its step until the next fault (or the end)."""

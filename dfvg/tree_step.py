@@ -250,9 +250,9 @@ def tree_step(verifier: Verifier, drafter: Drafter, spec: TreeSpec, sampling: Sa
               draft_length: int) -> TreeStep:
     """The eager tree step for this pair, or a UserError saying which part cannot run trees yet.
 
-    Graph models that the device tree step cannot take (sampling, a prompt no longer than the tree is deep)
-    run their trees on the eager forward of the same model and cache, so a run's other variants keep their
-    graphs."""
+    Graph models that the device tree step cannot take (sampling) run their trees on the eager forward of the
+    same model and cache, so a run's other variants keep their graphs. (A greedy prompt too short for the
+    device tree is decoded plainly until it fits: `Engine._plain_lead_then_tree`.)"""
     if isinstance(verifier, GraphVerifier):
         verifier = TorchVerifier(verifier.model)
     if isinstance(drafter, GraphDrafter):

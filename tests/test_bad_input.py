@@ -261,6 +261,8 @@ CASES: dict[str, Case] = {
                                                    "dfvg"), "--fpga-head drafts in the fpga phase"),
     "head-fpga-missing-prompt-files": Case(("benchmarks/feature_head_fpga.py", "--target", "target", "--prompt-dir",
                                             "nowhere"), "nowhere/humaneval.jsonl is missing"),
+    "head-fpga-prompts-into-a-folder": Case(("benchmarks/feature_head_fpga.py", "--target", "target",
+                                             "--write-prompts", "target"), "--write-prompts target is a directory"),
     # benchmarks/fpga_reproject.py: the recorded report it re-projects
     "reproject-missing-summary": Case(("benchmarks/fpga_reproject.py", "--summary", "nowhere.json", "--target",
                                        "target"), "not a readable performance_summary.json"),

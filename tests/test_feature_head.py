@@ -387,6 +387,20 @@ def lockstep(head, root, k: int, device: str) -> None:
     assert used == set(range(1, k + 2))
 
 
+def test_a_compiled_head_without_fused_layers_feeds_prompts_eagerly(random_head, monkeypatch):
+    """Where the head's layers are compiled but not fused (fp32 on CUDA, a q/k-norm head), a prompt goes through
+    the eager forward: chunks through the compiled block would recompile for every new chunk length."""
+    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+
+    head, root = random_head
+    verifier = TorchVerifier(load_model(root / "target"))
+    compiled = GraphFeatureDrafter(head, verifier, verifier.vocab_size, compile_blocks=True, cache_len=96)
+    calls = []
+    monkeypatch.setattr(FeatureDrafter, "_feed", lambda self, *args: calls.append(len(args[0])) or ("l", "f"))
+    assert not compiled.gm.fused and compiled._feed([5, 6, 7], 0, torch.zeros(3, 1)) == ("l", "f")
+    assert calls == [3]
+
+
 def test_the_graph_head_catches_up_a_long_gap_and_samples_eagerly(head_dir, setup):  # noqa: F811
     """A graph head that sat out several steps feeds the gap eagerly, then drafts the follower's block from its
     graph; a sampled block takes the eager path (no graph of that k is captured)."""
@@ -426,7 +440,8 @@ def test_on_a_gpu_the_head_drafts_from_graphs_and_stays_lossless(head_dir, setup
     drafter = make_drafter(head_dir[0], "cuda", torch.bfloat16, VOCAB, verifier=verifier)
     assert isinstance(drafter, GraphFeatureDrafter)
     engine, accepted = Engine(verifier), 0
-    for prompt in PROMPTS:
+    long_prompt = [token for _ in range(6) for token in PROMPTS[1]][:150]  # prefilled in fused 64-row chunks
+    for prompt in (*PROMPTS, long_prompt):
         for k in (1, 3, 4):
             got = engine.decode(drafter, list(prompt), 24, k=k)
             assert got.tokens == Engine(plain).decode(None, list(prompt), 24, k=0).tokens

@@ -133,6 +133,26 @@ def test_head_trees_on_the_device_step_equal_plain_and_the_eager_trees(head_dir,
         assert sum(got) > 0
 
 
+def test_a_prompt_too_short_for_the_heads_device_tree_decodes_plainly_until_it_fits(random_head):  # noqa: F811
+    """A head's device tree needs the tree's depth + 2 tokens (its catch-up reads the feature before its first
+    row): a shorter greedy prompt is decoded plainly that far, then the device tree takes over; plain's tokens."""
+    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graphs import GraphVerifier
+    from dfvg.gpu.tree_device import DeviceTreeStep
+
+    head, root = random_head
+    verifier = GraphVerifier(load_model(root / "target"), compile_blocks=False, fused_layers=False, cache_len=128)
+    drafter = GraphFeatureDrafter(head, verifier, verifier.vocab_size, compile_blocks=False, cache_len=128,
+                                  fused_layers=False)
+    spec, prompt, engine = parse_tree_spec("2,2,1"), [5, 17], Engine(verifier)
+    result = engine.decode(drafter, prompt, 16, k=3, tree=spec)
+    assert result.tokens == generate(TorchVerifier(load_model(root / "target")), prompt, 16).tokens
+    lead = 3 + 2 - len(prompt)
+    assert [s.num_drafted for s in result.steps[: lead + 1]] == [0] * lead + [result.steps[lead].num_drafted]
+    assert result.steps[lead].num_drafted > 0
+    assert any(isinstance(s, DeviceTreeStep) for s in engine.device_steps.values())
+
+
 @pytest.mark.parametrize("spec", ["2,2,1", "dynamic:12"])
 def test_every_device_tree_is_the_eager_head_tree_there(random_head, spec):  # noqa: F811
     """Lockstep on the feature-sensitive random pair: each replay's tree holds the tokens the eager

@@ -375,3 +375,21 @@ def test_a_gguf_loaded_target_is_saved_plain_for_the_fpga_heads_calibration(tmp_
     assert "quantization_config" not in json.loads((tmp_path / "target/config.json").read_text())
     reloaded = load_model(tmp_path / "target")
     assert torch.equal(reloaded.tok_embeddings.weight, model.model.embed_tokens.weight)
+
+
+def test_a_target_that_kept_packed_gguf_modules_is_not_saved(tmp_path):
+    """Dropping the quantized mark is safe only for plain tensors: packed GGUF modules are refused, nothing saved."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from benchmarks.gpu_speed import save_dequantized
+
+    class GgufLinear(torch.nn.Linear):  # what transformers keeps where a dequantizing kernel is installed
+        pass
+
+    config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=64)
+    model = AutoModelForCausalLM.from_config(config)
+    model.model.layers[0].mlp.down_proj = GgufLinear(64, 32, bias=False)
+    with pytest.raises(ValueError, match="packed GGUF modules \\(GgufLinear\\)"):
+        save_dequantized(model, tmp_path / "target")
+    assert not (tmp_path / "target").exists()

@@ -18,6 +18,7 @@ import torch
 from dfvg.checkpoint import load_model
 from dfvg.drafter import TorchDrafter
 from dfvg.engine import Engine
+from dfvg.errors import UserError
 from dfvg.generate import generate
 from dfvg.gpu.graph_drafter import GraphDrafter
 from dfvg.gpu.graphs import GraphVerifier
@@ -125,11 +126,40 @@ def test_a_prompt_too_short_for_the_device_tree_decodes_plainly_until_it_fits(ar
     assert result.tokens == generate(TorchVerifier(load_model(target_dir)), short, max_new).tokens
     lead = tree_shape(spec, 4).depth + 1 - len(short)
     assert [s.num_drafted for s in result.steps][:lead] == [0] * min(lead, max_new)
-    if max_new > lead:
+    if max_new > lead:  # the device tree takes over exactly when the context fits it
         assert isinstance(list(engine.device_steps.values())[-1], DeviceTreeStep)
-        assert sum(s.num_drafted for s in result.steps) > 0
+        assert result.steps[lead].num_drafted > 0
     else:
         assert len(result.steps) == max_new
+    eos = result.tokens[:1]  # an EOS inside the plain lead ends the generation there, as plain decoding ends
+    assert engine.decode(drafter, short, max_new, k=4, tree=spec, eos_ids=eos).tokens == eos
+
+
+def test_a_too_short_prompt_is_checked_against_the_context_before_its_plain_lead(arch_pair):
+    """The length check names the user's prompt and max_new_tokens, not the lengthened prompt of the tree part."""
+    target_dir, draft_dir = arch_pair
+    engine, drafter = graph_engine(target_dir, draft_dir)
+    too_many = engine.context_limit - 1
+    with pytest.raises(UserError, match=rf"prompt \(2 tokens\) \+ max_new_tokens \({too_many}\)"):
+        engine.decode(drafter, [5, 6], too_many, k=4, tree=parse_tree_spec("2,2,1"))
+
+
+def test_a_generation_continued_is_one_result():
+    """GenerationResult.then: tokens and steps in order, the second part's prefill counted as decode time, its
+    faults stamped with their step and time in the whole generation."""
+    from dfvg.fallback import DraftFault
+    from dfvg.generate import GenerationResult
+    from dfvg.stats import StepRecord
+
+    fault = DraftFault("fpga", "error", "boom", at_s=0.5, lost_s=0.1, fallback="target only", utc="", proposal=1,
+                       step=1)
+    step = StepRecord(num_drafted=0, num_accepted=0)
+    first = GenerationResult([1, 2], [step, step], prefill_s=1.0, decode_s=2.0, warmup_s=0.5)
+    rest = GenerationResult([3], [step, step], prefill_s=0.25, decode_s=4.0, stopped_by="eos", faults=[fault])
+    joined = first.then(rest)
+    assert joined.tokens == [1, 2, 3] and len(joined.steps) == 4 and joined.stopped_by == "eos"
+    assert (joined.prefill_s, joined.decode_s, joined.warmup_s) == (1.0, 6.25, 0.5)
+    assert (joined.faults[0].step, joined.faults[0].at_s) == (3, 3.5) and fault.step == 1
 
 
 def tree_attention_failures(device: str) -> list[str]:
@@ -283,3 +313,12 @@ def test_bf16_trees_equal_plain_decoding_on_gpu(spec):
             assert result.tokens == plain
             accepted += sum(s.num_accepted for s in result.steps)
     assert accepted > 0  # the self-draft: node rows, not only the root's, were compared
+
+
+def test_the_warm_up_of_a_short_prompt_captures_the_device_tree(arch_pair):
+    """A prompt shorter than a deep tree takes: the warm-up decodes past the plain lead, so the tree's capture
+    is not left to the timed run."""
+    target_dir, draft_dir = arch_pair
+    engine, drafter = graph_engine(target_dir, draft_dir)
+    engine.warm_up([drafter], [5], [4], 32, tree=parse_tree_spec("1,1,1,1,1,1,1"))  # depth 7: a lead of 7 tokens
+    assert any(isinstance(s, DeviceTreeStep) for s in engine.device_steps.values())

@@ -108,8 +108,8 @@ class GraphFeatureDrafter(FeatureDrafter):
     block against the target's 1.9 ms verify (benchmarks/RESULTS.md, 2026-12-05). The graph of (c, k)
     feeds the c committed positions not yet fed with the target's features (c = accepted + 1 after a
     verify, 1..k + 1), then k - 1 positions that read the head's own f^, each draft's argmax fed back on
-    the device. Prefill, sampling and a longer catch-up (a drafter taking over mid-generation) run the
-    eager `FeatureDrafter` methods this class inherits, on the same body and cache."""
+    the device. Sampling runs the eager `FeatureDrafter` methods this class inherits, on the same body and
+    cache; a prompt and a longer catch-up (a drafter taking over mid-generation) go through `_feed`."""
 
     def __init__(self, head: FeatureHead, verifier, target_vocab_size: int | None = None,
                  compile_blocks: bool = True, cache_len: int = 1024, fused_layers: bool = True):
@@ -154,14 +154,17 @@ class GraphFeatureDrafter(FeatureDrafter):
         return DraftBlock(tokens, None, time.perf_counter() - start)
 
     def _feed(self, tokens: list[int], start_pos: int, features: Tensor) -> tuple[Tensor, Tensor]:
-        """The eager feed (a prompt, a long catch-up) on the graph model's layers, `PREFILL_CHUNK` rows at a
-        time, as the target's prefill runs: (logits [V] after the last token, its f^ [H]).
+        """The feed outside a graph (a prompt, a long catch-up) on the graph model's layers, `PREFILL_CHUNK`
+        rows at a time, as the target's prefill runs: (logits [V] after the last token, its f^ [H]). Where
+        the layers are not fused but compiled, the head's eager forward instead, as the target's prefill then
+        does: the compiled block would recompile for every new chunk length.
 
-        Why: the head's own eager forward (scaled_dot_product_attention over the whole cache) cost 55-128 ms
-        per prompt on the H200 whenever the prompt's length was new to the drafter, and ~15 ms otherwise,
-        against the target's 8 ms prefill (benchmarks/RESULTS.md, 2026-12-05, 11:26 lease); the fused layers
-        take any row count up to 64 with no per-length cost. The cache rows written are the ones the head's
-        graphs write for the same positions."""
+        Why: the head's eager forward (scaled_dot_product_attention over the whole cache) cost 55-128 ms per
+        prompt on the H200 whenever the prompt's length was new to the drafter, against the target's 8 ms
+        prefill; through the fused layers it took 7-20 ms, and the head went from 1.16x to 1.95x plain
+        (benchmarks/RESULTS.md, 2026-12-05, the 11:26 and 12:04 leases)."""
+        if self.gm.compiled and not self.gm.fused:
+            return super()._feed(tokens, start_pos, features)
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         pos = torch.arange(start_pos, start_pos + len(tokens), device=self.device)
         for a in range(0, len(tokens), PREFILL_CHUNK):
