@@ -141,8 +141,12 @@ class FeatureCatchUp:
         self.cached_len = self.true_len = 0
         if len(prompt_ids) > 1:
             with torch.inference_mode():
-                self._feed(prompt_ids[:-1], 0, self._true_features(0, len(prompt_ids) - 1))
+                self._fill(prompt_ids[:-1], 0, self._true_features(0, len(prompt_ids) - 1))
             self.cached_len = self.true_len = len(prompt_ids) - 1
+
+    def _fill(self, tokens: list[int], start_pos: int, features: Tensor) -> None:
+        """Feed tokens whose outputs nothing reads (a prompt): `_feed`, unless a subclass has a cheaper way."""
+        self._feed(tokens, start_pos, features)
 
     def rollback(self, num_valid: int) -> None:
         """Positions >= num_valid are invalid, and so are those fed with predicted features (>= true_len)."""

@@ -342,6 +342,7 @@ def test_the_graph_head_drafts_the_eager_heads_blocks(head_dir, setup, random_he
         assert graph_blocks == eager_blocks and len(eager_blocks) > 6  # whole blocks, rejected drafts too
         used = {key[1] for key in graphs.gm.graphs if key[0] == "feature-draft" and key[2] == k}
         assert used and max(used) <= k + 1
+        assert ("feature-prefill-chunk",) in graphs.gm.graphs  # prompts went through the padded chunk graph
 
 
 @pytest.mark.parametrize("k", [2, 4])

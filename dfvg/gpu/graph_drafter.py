@@ -109,7 +109,8 @@ class GraphFeatureDrafter(FeatureDrafter):
     feeds the c committed positions not yet fed with the target's features (c = accepted + 1 after a
     verify, 1..k + 1), then k - 1 positions that read the head's own f^, each draft's argmax fed back on
     the device. Sampling runs the eager `FeatureDrafter` methods this class inherits, on the same body and
-    cache; a prompt and a longer catch-up (a drafter taking over mid-generation) go through `_feed`."""
+    cache; a prompt and a longer catch-up (a drafter taking over mid-generation) replay a 64-row chunk graph
+    (`_fill`)."""
 
     def __init__(self, head: FeatureHead, verifier, target_vocab_size: int | None = None,
                  compile_blocks: bool = True, cache_len: int = 1024, fused_layers: bool = True):
@@ -141,8 +142,8 @@ class GraphFeatureDrafter(FeatureDrafter):
         # eager: sampling, a one-token prompt, and blocks whose capture would not fit the scratch slots (c + k - 1)
         if not sampling.greedy or fed_from < 1 or not 1 <= k <= SCRATCH // 2 or length + k > self.gm.scratch_pos:
             return super().propose(context, k, sampling, generator)
-        if length - fed_from > k + 1:  # a longer gap than a verify leaves: feed its head eagerly
-            self._feed(context[fed_from: length - 1], fed_from, self._true_features(fed_from, length - 1))
+        if length - fed_from > k + 1:  # a longer gap than a verify leaves: fill it first
+            self._fill(context[fed_from: length - 1], fed_from, self._true_features(fed_from, length - 1))
             fed_from = length - 1
         c = length - fed_from
         graph = self._graph(c, k)
@@ -154,10 +155,10 @@ class GraphFeatureDrafter(FeatureDrafter):
         return DraftBlock(tokens, None, time.perf_counter() - start)
 
     def _feed(self, tokens: list[int], start_pos: int, features: Tensor) -> tuple[Tensor, Tensor]:
-        """The feed outside a graph (a prompt, a long catch-up) on the graph model's layers, `PREFILL_CHUNK`
-        rows at a time, as the target's prefill runs: (logits [V] after the last token, its f^ [H]). Where
-        the layers are not fused but compiled, the head's eager forward instead, as the target's prefill then
-        does: the compiled block would recompile for every new chunk length.
+        """A feed whose outputs are read (the sampling path's) on the graph model's layers, `PREFILL_CHUNK`
+        rows at a time: (logits [V] after the last token, its f^ [H]). Where the layers are not fused but
+        compiled, the head's eager forward instead, as the target's prefill then does: the compiled block
+        would recompile for every new chunk length.
 
         Why: the head's eager forward (scaled_dot_product_attention over the whole cache) cost 55-128 ms per
         prompt on the H200 whenever the prompt's length was new to the drafter, against the target's 8 ms
@@ -172,12 +173,60 @@ class GraphFeatureDrafter(FeatureDrafter):
             logits, predicted = head_rows(self.head, self.gm, ids[a:b], features[a:b], pos[a:b])
         return fit_vocab(logits[-1], self.vocab_size), predicted[-1]
 
+    def _fill(self, tokens: list[int], start_pos: int, features: Tensor) -> None:
+        """Feed a prompt (or a long gap) whose outputs nothing reads: each `PREFILL_CHUNK` rows, padded with
+        the last, in one replay of the head's chunk graph, as the target's prompt (`graphs.graph_prefill`).
+        The padding rows write cache slots past the tokens, which later rows overwrite before any row attends
+        to them. Eager (`_feed`) where no graph applies: compiled unfused layers, a chunk reaching the
+        scratch slots.
+
+        Why: fed eagerly through the fused layers, the head's prompt pass cost 13.3 against the target's 7.8 ms
+        a request on the H200, ~2.7 ms per 64-row chunk of four layers, most of it launches from Python
+        (an estimate: not profiled; benchmarks/RESULTS.md, 2026-12-05, 12:04 lease)."""
+        if self.gm.compiled and not self.gm.fused:
+            self._feed(tokens, start_pos, features)
+            return
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        for a in range(0, len(tokens), PREFILL_CHUNK):
+            b, at = min(a + PREFILL_CHUNK, len(tokens)), start_pos + a
+            if at + PREFILL_CHUNK > self.gm.scratch_pos:
+                head_rows(self.head, self.gm, ids[a:b], features[a:b], torch.arange(at, at + b - a, device=self.device))
+                continue
+            chunk = self.gm.graphs.get(("feature-prefill-chunk",)) or _HeadChunkGraph(self)
+            chunk.run(ids[a:b], at, features[a:b])
+
     def _graph(self, c: int, k: int) -> _FeatureDraftGraph:
         graph = self.gm.graphs.get(("feature-draft", c, k))
         if graph is None:
             graph = _FeatureDraftGraph(self, c, k)
             self.gm.graphs[("feature-draft", c, k)] = graph
         return graph
+
+
+class _HeadChunkGraph:
+    """One `PREFILL_CHUNK`-row feed of the head's layers (`GraphFeatureDrafter._fill`): static ids [C], their
+    positions [C] and features [C, H]; the cache rows it writes are its only output."""
+
+    def __init__(self, drafter: GraphFeatureDrafter):
+        gm, head = drafter.gm, drafter.head
+        self.ids = torch.zeros(PREFILL_CHUNK, dtype=torch.long, device=gm.device)
+        self.offsets = torch.arange(PREFILL_CHUNK, device=gm.device)
+        self.pos = self.offsets + gm.scratch_pos  # capture writes the scratch slots only
+        self.features = torch.zeros(PREFILL_CHUNK, head.target_hidden_size, dtype=head.fuse.weight.dtype,
+                                    device=gm.device)
+        self.graph, _ = gm.capture(("feature-prefill-graph",), lambda: head_rows(
+            head, gm, self.ids, self.features, self.pos)[0])
+        gm.graphs[("feature-prefill-chunk",)] = self
+
+    def run(self, ids: Tensor, start_pos: int, features: Tensor) -> None:
+        """ids [n], features [n, H] at start_pos.. (n <= PREFILL_CHUNK), padded with the last row."""
+        n = ids.shape[0]
+        self.ids[:n].copy_(ids)
+        self.ids[n:].copy_(ids[-1:].expand(PREFILL_CHUNK - n))
+        self.features[:n].copy_(features)
+        self.features[n:].copy_(features[-1:].expand(PREFILL_CHUNK - n, -1))
+        torch.add(self.offsets, start_pos, out=self.pos)
+        self.graph.replay()
 
 
 class _FeatureDraftGraph:
