@@ -326,7 +326,7 @@ def test_the_graph_head_drafts_the_eager_heads_blocks(head_dir, setup, random_he
     from dfvg.gpu.graphs import GraphVerifier
 
     head, root = (load_feature_head(head_dir[0]), setup) if pair == "trained" else random_head
-    long_prompt = [(i * 37 + 11) % 61 for i in range(150)]  # prefilled in 64-row chunks (GraphFeatureDrafter._feed)
+    long_prompt = [(i * 37 + 11) % 61 for i in range(150)]  # 64-row chunks: graphs, then eager near the scratch
     prompts = PROMPTS[:2] if pair == "trained" else ([5, 17, 33, 8, 2, 41], [60, 3], long_prompt)
     for verifier in (TorchVerifier(load_model(root / "target")),
                      GraphVerifier(load_model(root / "target"), compile_blocks=False, cache_len=96)):
@@ -370,8 +370,8 @@ def lockstep(head, root, k: int, device: str) -> None:
     eager = FeatureDrafter(copy.deepcopy(head).to(device), verifier, verifier.vocab_size)
     graphs = GraphFeatureDrafter(copy.deepcopy(head).to(device), verifier, verifier.vocab_size,
                                  compile_blocks=False, cache_len=96)
-    graphs.prepare(k)  # before any prefill: it sizes the cache itself
-    assert graphs.gm.cache_len >= 96
+    graphs.prepare(k)  # before any prefill: it sizes the cache itself, and captures the prompt's chunk graph
+    assert graphs.gm.cache_len >= 96 and ("feature-prefill-chunk",) in graphs.gm.graphs
     context = [5, 17, 33, 8, 2, 41]
     verifier.prefill(context, 96)
     for drafter in (eager, graphs):
@@ -403,8 +403,9 @@ def test_a_compiled_head_without_fused_layers_feeds_prompts_eagerly(random_head,
 
 
 def test_the_graph_head_catches_up_a_long_gap_and_samples_eagerly(head_dir, setup):  # noqa: F811
-    """A graph head that sat out several steps feeds the gap eagerly, then drafts the follower's block from its
-    graph; a sampled block takes the eager path (no graph of that k is captured)."""
+    """A graph head that sat out several steps fills the gap through its padded chunk graph (`_fill`), then drafts
+    the follower's block from its block graph; a sampled block takes the eager path (no graph of that k is
+    captured)."""
     verifier, follower = drafter_for(head_dir[0], setup)
     newcomer = graph_head(head_dir[0], verifier)
     prompt, greedy = list(PROMPTS[1]), SamplingParams()
@@ -416,7 +417,7 @@ def test_the_graph_head_catches_up_a_long_gap_and_samples_eagerly(head_dir, setu
         seq += step(seq, 3).committed
     assert len(seq) - newcomer.true_len > 3 + 1  # the gap is longer than a verify leaves
     assert newcomer.propose(seq, 3, greedy, None).tokens == follower.propose(seq, 3, greedy, None).tokens
-    assert all(key[1] <= key[2] + 1 for key in newcomer.gm.graphs if key[0] == "feature-draft")  # gap fed eagerly
+    assert all(key[1] <= key[2] + 1 for key in newcomer.gm.graphs if key[0] == "feature-draft")  # gap filled first
     newcomer.rollback(len(seq))
     block = newcomer.propose(seq, 2, SamplingParams(temperature=0.8), torch.Generator().manual_seed(0))
     assert block.probs is not None and not any(key[0] == "feature-draft" and key[2] == 2 for key in newcomer.gm.graphs)

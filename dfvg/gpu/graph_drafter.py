@@ -132,6 +132,8 @@ class GraphFeatureDrafter(FeatureDrafter):
         for k in range(1, min(max_k, SCRATCH // 2) + 1):
             for c in range(1, k + 2):
                 self._graph(c, k)
+        if not (self.gm.compiled and not self.gm.fused) and ("feature-prefill-chunk",) not in self.gm.graphs:
+            _HeadChunkGraph(self)  # the prompt's chunk graph too (`_fill`)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
@@ -173,12 +175,14 @@ class GraphFeatureDrafter(FeatureDrafter):
             logits, predicted = head_rows(self.head, self.gm, ids[a:b], features[a:b], pos[a:b])
         return fit_vocab(logits[-1], self.vocab_size), predicted[-1]
 
+    @torch.inference_mode()
     def _fill(self, tokens: list[int], start_pos: int, features: Tensor) -> None:
         """Feed a prompt (or a long gap) whose outputs nothing reads: each `PREFILL_CHUNK` rows, padded with
         the last, in one replay of the head's chunk graph, as the target's prompt (`graphs.graph_prefill`).
         The padding rows write cache slots past the tokens, which later rows overwrite before any row attends
-        to them. Eager (`_feed`) where no graph applies: compiled unfused layers, a chunk reaching the
-        scratch slots.
+        to them; on fused layers the real rows are bit for bit the unpadded ones (row-invariant launches),
+        on the uncompiled block (CPU tests) within float rounding. Eager (`_feed`) where no graph applies:
+        compiled unfused layers, a chunk reaching the scratch slots.
 
         Why: fed eagerly through the fused layers, the head's prompt pass cost 13.3 against the target's 7.8 ms
         a request on the H200, ~2.7 ms per 64-row chunk of four layers, most of it launches from Python
