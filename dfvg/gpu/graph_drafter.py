@@ -132,8 +132,8 @@ class GraphFeatureDrafter(FeatureDrafter):
         for k in range(1, min(max_k, SCRATCH // 2) + 1):
             for c in range(1, k + 2):
                 self._graph(c, k)
-        if not (self.gm.compiled and not self.gm.fused) and ("feature-prefill-chunk",) not in self.gm.graphs:
-            _HeadChunkGraph(self)  # the prompt's chunk graph too (`_fill`)
+        if not self._eager_feeds:
+            self._chunk_graph()  # the prompt's too (`_fill`)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
@@ -158,15 +158,14 @@ class GraphFeatureDrafter(FeatureDrafter):
 
     def _feed(self, tokens: list[int], start_pos: int, features: Tensor) -> tuple[Tensor, Tensor]:
         """A feed whose outputs are read (the sampling path's) on the graph model's layers, `PREFILL_CHUNK`
-        rows at a time: (logits [V] after the last token, its f^ [H]). Where the layers are not fused but
-        compiled, the head's eager forward instead, as the target's prefill then does: the compiled block
-        would recompile for every new chunk length.
+        rows at a time: (logits [V] after the last token, its f^ [H]); the head's eager forward where
+        `_eager_feeds`, as the target's prefill then does.
 
         Why: the head's eager forward (scaled_dot_product_attention over the whole cache) cost 55-128 ms per
         prompt on the H200 whenever the prompt's length was new to the drafter, against the target's 8 ms
         prefill; through the fused layers it took 7-20 ms, and the head went from 1.16x to 1.95x plain
         (benchmarks/RESULTS.md, 2026-12-05, the 11:26 and 12:04 leases)."""
-        if self.gm.compiled and not self.gm.fused:
+        if self._eager_feeds:
             return super()._feed(tokens, start_pos, features)
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         pos = torch.arange(start_pos, start_pos + len(tokens), device=self.device)
@@ -182,12 +181,12 @@ class GraphFeatureDrafter(FeatureDrafter):
         The padding rows write cache slots past the tokens, which later rows overwrite before any row attends
         to them; on fused layers the real rows are bit for bit the unpadded ones (row-invariant launches),
         on the uncompiled block (CPU tests) within float rounding. Eager (`_feed`) where no graph applies:
-        compiled unfused layers, a chunk reaching the scratch slots.
+        `_eager_feeds`, a chunk reaching the scratch slots.
 
         Why: fed eagerly through the fused layers, the head's prompt pass cost 13.3 against the target's 7.8 ms
         a request on the H200, ~2.7 ms per 64-row chunk of four layers, most of it launches from Python
         (an estimate: not profiled; benchmarks/RESULTS.md, 2026-12-05, 12:04 lease)."""
-        if self.gm.compiled and not self.gm.fused:
+        if self._eager_feeds:
             self._feed(tokens, start_pos, features)
             return
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
@@ -196,8 +195,20 @@ class GraphFeatureDrafter(FeatureDrafter):
             if at + PREFILL_CHUNK > self.gm.scratch_pos:
                 head_rows(self.head, self.gm, ids[a:b], features[a:b], torch.arange(at, at + b - a, device=self.device))
                 continue
-            chunk = self.gm.graphs.get(("feature-prefill-chunk",)) or _HeadChunkGraph(self)
-            chunk.run(ids[a:b], at, features[a:b])
+            self._chunk_graph().run(ids[a:b], at, features[a:b])
+
+    @property
+    def _eager_feeds(self) -> bool:
+        """Compiled but unfused layers: feeds outside the block graphs take the head's eager forward, since the
+        compiled block would recompile for every new row count."""
+        return self.gm.compiled and not self.gm.fused
+
+    def _chunk_graph(self) -> _HeadChunkGraph:
+        graph = self.gm.graphs.get(("feature-prefill-chunk",))
+        if graph is None:
+            graph = _HeadChunkGraph(self)
+            self.gm.graphs[("feature-prefill-chunk",)] = graph
+        return graph
 
     def _graph(self, c: int, k: int) -> _FeatureDraftGraph:
         graph = self.gm.graphs.get(("feature-draft", c, k))
@@ -220,7 +231,6 @@ class _HeadChunkGraph:
                                     device=gm.device)
         self.graph, _ = gm.capture(("feature-prefill-graph",), lambda: head_rows(
             head, gm, self.ids, self.features, self.pos)[0])
-        gm.graphs[("feature-prefill-chunk",)] = self
 
     def run(self, ids: Tensor, start_pos: int, features: Tensor) -> None:
         """ids [n], features [n, H] at start_pos.. (n <= PREFILL_CHUNK), padded with the last row."""
