@@ -1,37 +1,38 @@
 #!/usr/bin/env bash
-# Issue 15's feature-head lease: does an EAGLE-style head (dfvg/feature_head.py) beat the standalone 4 x 512
-# draft it extends, on validation, and what does the winner do end to end? One background job after the
-# target's GGUF arrived in chunks (19 of 58 MiB: `split -b 58m -d -a 2 <target>.gguf .chunks/t/t`, carried
-# one per call with drafts/ moved out of the tree, since the tracked tree alone is 61 MiB):
+# Issue 15's feature-head lease: train an EAGLE-style head (dfvg/feature_head.py) and time it end to end against
+# the standalone 4 x 512 draft it extends. One background job after the target's GGUF arrived in chunks (19 of
+# 58 MiB: `split -b 58m -d -a 2 <target>.gguf .chunks/t/t`, carried one per call with drafts/ moved out of the
+# tree, since the tracked tree alone is 61 MiB):
 #
 #   (setsid nohup bash benchmarks/h200_feature_head.sh /root/t /root/fout > /root/fh.log 2>&1 &)
 #
-# carry: results/distill_prompts (humaneval, sharegpt5k and pystdlib JSONL: `distill_h200.sh prompts`), .whl.
+# carry: results/distill_prompts (humaneval, sharegpt5k and pystdlib JSONL: `distill_h200.sh prompts`), .whl,
+# .chunks/prompts.json (gpu_speed.py --write-prompts) and the HELDOUT files.
+# Without HEAD:
 # 1. distill_h200.sh prepare teacher: the target installed from the GGUF; teacher data of HumanEval x 8,
 #    ShareGPT (5k) and the Python standard library's functions (pystdlib): 10 % validation, 25 % test;
 # 2. the standalone draft S (4 x 512, 32k head, 2,000 steps; the shipped recipe on this split);
 # 3. the head H: S's weights plus fuse/predict (--init-from S: it starts as exactly S), HEAD_STEPS more steps;
-# 4. the control S+: S trained HEAD_STEPS more steps without features (same data, same schedule), so H's
+#    it lands in $out/h as 15 MiB parts (fetch these first: at most 8 files come back per call);
+# 4. with CONTROL=1, S+: S trained HEAD_STEPS more steps without features (same data, same schedule), so H's
 #    gain over S is not just more training;
-# 5. gpu_speed --phases dfvg on the 20 held-out prompts: plain, S at k = 4 and H at k = 4 in one run, on
-#    the product's CUDA-graph path (the head's first GPU run).
-# Acceptance tables are the runs' last log lines and their distill_recipe.json (validation chooses; test is
-# reported, per prompt source too). OUT must not be /root/out (the device tool empties it at every call).
+# 5. gpu_speed --phases dfvg on the 20 held-out prompts: plain, S and H at k = 4 and each TREES shape, in one run;
+#    then HELDOUT (below).
 # HEAD=DIR skips 1-4: step 5 times that head (a folder carried in; model.safetensors may come in parts,
-# DIR/model.safetensors.part*, joined here) beside the standalone draft DRAFT (default: the shipped one, so
-# the call that starts this job has drafts/ back in the tree: 62 MB, nothing else carried; the head's parts
-# and the last GGUF chunk travel in the calls before it and are copied outside the repository, e.g. /root/head).
+# DIR/model.safetensors.part*, joined here) beside the standalone draft DRAFT (default: the shipped one).
 # With HEAD, MORE_STEPS=N then trains that head N more steps (--init-from it: the run starts as exactly that
 # head, keeps its head vocabulary, and regenerates the teacher data of step 1 first; PROMPT_DIR holds the
-# prompt files when they were carried in an earlier call) and times the result the same way, as H2.
-# TREES (default "dynamic:16 dynamic:40") are the tree shapes the first timing adds for DRAFT and the head.
-# After the first timing, gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath (emulated
-# on the GPU, sync, k = 4, 5 prompts): its schedule measured, projected onto the U280 model (fpga.json); then
+# prompt files when they were carried in an earlier call) and times the result the same way, as H2 ($out/h2).
+# TREES (default "dynamic:16 dynamic:40") are the tree shapes the first timing adds for the draft and the head.
+# With HEAD, after the first timing, gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath
+# (emulated on the GPU, sync, k = 4, 5 prompts): its schedule measured, projected onto the U280 model (fpga.json),
+# and benchmarks/feature_head_probe.py splits the head's prefill and profiles a request.
 # HELDOUT="a.json b.json" times the head the same way on each of those prompt files (held-out prompts of other
-# sources: feature_head_fpga.py --write-prompts; with HELDOUT_TREES, default dynamic:16), and
-# benchmarks/feature_head_probe.py splits the head's prefill and profiles a request.
-# The trained H2 lands in $out/h2 as 15 MiB parts (fetch at most 8 files per call).
-# GPU_TESTS=1 first runs the gpu-marked tests of the head and of device trees (lockstep and lossless checks).
+# sources: feature_head_fpga.py --write-prompts; with HELDOUT_TREES, default dynamic:16).
+# Acceptance tables are the training runs' last log lines and their distill_recipe.json (validation chooses;
+# test is reported, per prompt source too). OUT must not be /root/out (the device tool empties it at every call).
+# GPU_TESTS=1 runs the gpu-marked tests of the head and of device trees (lockstep and lossless checks): first
+# with HEAD, last without.
 set -euo pipefail
 chunks=$1
 out=$2
@@ -45,49 +46,63 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD GGUF_DIR=/root/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/res
 pd=${PROMPT_DIR:-results/distill_prompts}
 export PROMPTS=$pd/humaneval.jsonl*8,$pd/sharegpt5k.jsonl,$pd/pystdlib.jsonl
-time_head() {  # head folder, log name[, trees[, prompts file]]: plain, the standalone DRAFT and the head at
+draft=${DRAFT:-drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768}
+time_head() {  # head folder, log name[, trees[, prompts file]]: plain, the standalone $draft and the head at
   # k = 4 (and each tree shape for both), in one run
   python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "${3:-}" --skip-draft --feature-head "$1" \
-    --distilled-draft "${DRAFT:-drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768}" \
+    --distilled-draft "$draft" \
     --gguf-dir /root/gguf --work-dir /root/w --prompts-file "${4:-.chunks/prompts.json}" --prompts 20 \
     --results /root/speed --out "$out" 2>&1 | tee "$out/$2.log"
   mv "$out/dfvg.json" "$out/$2.json"
 }
+time_heldout() {  # head folder: HELDOUT's prompt files, one run each
+  for file in ${HELDOUT:-}; do
+    time_head "$1" "gpu_speed_fh_$(basename "$file" .json)" "${HELDOUT_TREES-dynamic:16}" "$file" \
+      || echo "timing on $file failed (its log says why)"
+  done
+}
+gpu_tests() {
+  [ "${GPU_TESTS:-0}" = 1 ] || return 0
+  python3 -m pytest -q -m gpu tests/test_feature_head.py tests/test_feature_device_step.py tests/test_feature_tree.py \
+    tests/test_tree_device.py 2>&1 | tail -15 | tee "$out/gpu_tests.log" || true
+}
+train() {  # name, then env assignments: train until the run exported (a run stopped by its time budget resumes;
+  # an error stops after three tries)
+  local name=$1 attempt
+  shift
+  for attempt in 1 2 3; do
+    [ -f "$RESULTS/$name/model.safetensors" ] && break
+    echo "== train $name $* attempt $attempt ($(date -u +%T))"
+    env "$@" TIME_BUDGET=540 bash benchmarks/distill_h200.sh train 2>&1 | grep -v "^step" | tail -14
+    cp "$RESULTS/$name.log" "$out"/ || true
+  done
+  cp "$RESULTS/$name/distill_recipe.json" "$out/$name.recipe.json"
+}
+bring_back() {  # trained head folder, name under $out: what comes back from the device is at most 8 files of
+  # 16 MiB a call, so the body travels in 15 MiB parts
+  mkdir -p "$out/$2" && split -b 15m -d "$1/model.safetensors" "$out/$2/model.safetensors.part"
+  cp "$1"/{feature_head.safetensors,feature_head.json,config.json,draft_vocab.json} "$out/$2/"
+  sha256sum "$1"/*.safetensors > "$out/$2/sha256.txt"
+  echo "TRAINED $2 ($(date -u +%T))"
+}
 if [ -n "${HEAD:-}" ]; then
   compgen -G "$HEAD/model.safetensors.part*" >/dev/null && cat "$HEAD"/model.safetensors.part* > "$HEAD/model.safetensors"
   sha256sum "$HEAD"/*.safetensors | tee -a "$out/sha256.txt"
-  if [ "${GPU_TESTS:-0}" = 1 ]; then
-    python3 -m pytest -q -m gpu tests/test_feature_head.py tests/test_feature_device_step.py tests/test_feature_tree.py \
-      tests/test_tree_device.py 2>&1 | tail -15 | tee "$out/gpu_tests.log" || true
-  fi
+  gpu_tests
   time_head "$HEAD" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why); training goes on"
   # the head on the emulated int8 datapath (this GPU), its schedule measured and projected onto the U280 model
   python3 benchmarks/gpu_speed.py --phases fpga --fpga-head "$HEAD" --fpga-ks 4 --skip-draft \
     --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/fpga \
     --out "$out" 2>&1 | tail -40 > "$out/fpga_head.log" || echo "the FPGA head phase failed (its log says why)"
-  for file in ${HELDOUT:-}; do  # held-out prompts of other sources (feature_head_fpga.py --write-prompts)
-    time_head "$HEAD" "gpu_speed_fh_$(basename "$file" .json)" "${HELDOUT_TREES-dynamic:16}" "$file" \
-      || echo "timing on $file failed (its log says why)"
-  done
+  time_heldout "$HEAD"
   python3 benchmarks/feature_head_probe.py --phases dfvg --ks 4 --one-kernel --skip-draft --feature-head "$HEAD" \
     --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 6 --results /root/probe \
     --out "$out" 2>&1 | tail -80 > "$out/feature_head_probe.log" || echo "the probe failed (its log says why)"
   [ "${MORE_STEPS:-0}" -gt 0 ] || { echo DONE; exit 0; }
   echo "== prepare teacher ($(date -u +%T))"
   bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
-  for attempt in 1 2 3; do  # a run stopped by its time budget resumes; an error stops after three tries
-    [ -f "$RESULTS/l4-d512-v32768-fh2/model.safetensors" ] && break
-    echo "== train H2, attempt $attempt ($(date -u +%T))"
-    FEATURE_HEAD=1 SUFFIX=2 INIT_FROM="$HEAD" STEPS="$MORE_STEPS" TIME_BUDGET=540 bash benchmarks/distill_h200.sh train \
-      2>&1 | grep -v "^step" | tail -14
-    cp "$RESULTS/l4-d512-v32768-fh2.log" "$out"/ || true
-  done
-  cp "$RESULTS/l4-d512-v32768-fh2/distill_recipe.json" "$out/l4-d512-v32768-fh2.recipe.json"
-  # what comes back from the device is at most 8 files of 16 MiB a call: the head's body in 15 MiB parts
-  mkdir -p "$out/h2" && split -b 15m -d "$RESULTS/l4-d512-v32768-fh2/model.safetensors" "$out/h2/model.safetensors.part"
-  cp "$RESULTS"/l4-d512-v32768-fh2/{feature_head.safetensors,feature_head.json,config.json,draft_vocab.json} "$out/h2/"
-  sha256sum "$RESULTS"/l4-d512-v32768-fh2/*.safetensors > "$out/h2/sha256.txt"
-  echo "TRAINED ($(date -u +%T))"
+  train l4-d512-v32768-fh2 FEATURE_HEAD=1 SUFFIX=2 INIT_FROM="$HEAD" STEPS="$MORE_STEPS"
+  bring_back "$RESULTS/l4-d512-v32768-fh2" h2
   time_head "$RESULTS/l4-d512-v32768-fh2" gpu_speed_fh2
   echo DONE
   exit 0
@@ -95,22 +110,12 @@ fi
 echo "== prepare teacher ($(date -u +%T))"
 bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
 base=$RESULTS/l4-d512-v32768
-train() {  # name, then env assignments: train until the run exported (a run stopped by its time budget resumes)
-  local name=$1
-  shift
-  until [ -f "$RESULTS/$name/model.safetensors" ]; do
-    echo "== train $name $* ($(date -u +%T))"
-    env "$@" TIME_BUDGET=540 bash benchmarks/distill_h200.sh train 2>&1 | grep -v "^step" | tail -14
-    cp "$RESULTS/$name.log" "$out"/ || true
-  done
-}
 train l4-d512-v32768
 train l4-d512-v32768-fh FEATURE_HEAD=1 INIT_FROM="$base" STEPS="$HEAD_STEPS"
-train l4-d512-v32768-more SUFFIX=-more INIT_FROM="$base" STEPS="$HEAD_STEPS"
-cp "$RESULTS"/*.log "$out"/
-for d in "$RESULTS"/l4-*/; do cp "$d/distill_recipe.json" "$out/$(basename "$d").recipe.json"; done
-echo TRAINED
-python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "" --skip-draft --distilled-draft "$base" \
-  --feature-head "$RESULTS/l4-d512-v32768-fh" --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json \
-  --prompts 20 --results /root/speed --out "$out" 2>&1 | tee "$out/gpu_speed_fh.log"
+bring_back "$RESULTS/l4-d512-v32768-fh" h
+[ "${CONTROL:-1}" = 1 ] && train l4-d512-v32768-more SUFFIX=-more INIT_FROM="$base" STEPS="$HEAD_STEPS"
+[ -d "$draft" ] || draft=$base  # the shipped draft when drafts/ travelled, else this lease's S
+time_head "$RESULTS/l4-d512-v32768-fh" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why)"
+time_heldout "$RESULTS/l4-d512-v32768-fh"
+gpu_tests
 echo DONE
