@@ -28,11 +28,15 @@ def ks(args) -> list[int]:
     return list(args.ks)
 
 
+def tree_depth(args) -> int:
+    return getattr(args, "tree_depth", 4)
+
+
 def cache_len(models, args) -> int:
     """Cache slots every DFVG row fits in (trees need their candidates' slots too), so no prompt reallocates
     a cache and recaptures graphs inside its timing."""
     longest = max(len(p["ids"]) for p in models["prompts"])
-    trees = max((tree_room(spec, 4) for spec in getattr(args, "trees", [])), default=0)
+    trees = max((tree_room(spec, tree_depth(args)) for spec in getattr(args, "trees", [])), default=0)
     return longest + args.max_new_tokens + max(ks(args)) + 16 + trees
 
 
@@ -181,13 +185,13 @@ def feature_pair(args, models: dict, warm_ids: list[int]) -> tuple[GraphVerifier
 
 
 def tree_runs(args, prompts: list[dict], verifier, drafter, prefix: str) -> dict:
-    """Each `--trees` shape at k = 4 through `Engine.decode(tree=...)`, greedy: the device tree step (a feature
-    head's too, through its `FeatureFeeder`)."""
-    runs = {}
+    """Each `--trees` shape at draft length `--tree-depth` (4 unless given) through `Engine.decode(tree=...)`,
+    greedy: the device tree step (a feature head's too, through its `FeatureFeeder`)."""
+    runs, depth = {}, tree_depth(args)
     for spec in args.trees:
-        name = f"{prefix}_{spec.label().replace(',', '-').replace(':', '')}"
-        runs[name] = timed_runs(f"dfvg tree {spec.label()} ({prefix})", prompts,
-                                dfvg_runner(verifier, drafter, 4, args.max_new_tokens, tree=spec), args.device)
+        name = f"{prefix}_{spec.label().replace(',', '-').replace(':', '')}" + ("" if depth == 4 else f"_d{depth}")
+        runs[name] = timed_runs(f"dfvg tree {spec.label()} depth {depth} ({prefix})", prompts,
+                                dfvg_runner(verifier, drafter, depth, args.max_new_tokens, tree=spec), args.device)
     return runs
 
 

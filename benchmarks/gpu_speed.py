@@ -98,7 +98,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--one-kernel", action="store_true",
                    help="dfvg phase: only --kernels' rows (no compiled-block / eager-kernel / eager-model plain rows)")
     p.add_argument("--trees", default="2,2,1,1 4,2,1,1 dynamic:16", type=tree_specs,
-                   help="token-tree shapes the dfvg phase times at k = 4 with each GPU draft ('' = none)")
+                   help="token-tree shapes the dfvg phase times at --tree-depth with each GPU draft ('' = none)")
+    p.add_argument("--tree-depth", default=4, type=int,
+                   help="the trees' draft length: a dynamic tree's depth (rows are named ..._d<depth> unless 4)")
     p.add_argument("--write-prompts", default=None)
     llama_cpp_peer.add_arguments(p)
     return p.parse_args(argv)

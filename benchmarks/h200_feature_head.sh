@@ -27,6 +27,8 @@
 # With HEAD, after the first timing, gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath
 # (emulated on the GPU, sync, k = 4, 5 prompts): its schedule measured, projected onto the U280 model (fpga.json),
 # and benchmarks/feature_head_probe.py splits the head's prefill and profiles a request.
+# DEEP_TREES="dynamic:40 ..." (without HEAD) times those shapes again at depth DEEP_DEPTH (default 6; chains at that
+# k too) on the HumanEval prompts, before HELDOUT.
 # HELDOUT="a.json b.json" times the head the same way on each of those prompt files (held-out prompts of other
 # sources: feature_head_fpga.py --write-prompts; with HELDOUT_TREES, default dynamic:16).
 # Acceptance tables are the training runs' last log lines and their distill_recipe.json (validation chooses;
@@ -47,10 +49,10 @@ export PYTHONPATH=/tmp/site:$PWD GGUF_DIR=/root/gguf DFVG_CACHE=/root/dfvg-cache
 pd=${PROMPT_DIR:-results/distill_prompts}
 export PROMPTS=$pd/humaneval.jsonl*8,$pd/sharegpt5k.jsonl,$pd/pystdlib.jsonl
 draft=${DRAFT:-drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768}
-time_head() {  # head folder, log name[, trees[, prompts file]]: plain, the standalone $draft and the head at
-  # k = 4 (and each tree shape for both), in one run
-  python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "${3:-}" --skip-draft --feature-head "$1" \
-    --distilled-draft "$draft" \
+time_head() {  # head folder, log name[, trees[, prompts file[, depth]]]: plain, the standalone $draft and the
+  # head at k = depth (default 4; and each tree shape at that depth for both), in one run
+  python3 benchmarks/gpu_speed.py --phases dfvg --ks "${5:-4}" --tree-depth "${5:-4}" --one-kernel --trees "${3:-}" \
+    --skip-draft --feature-head "$1" --distilled-draft "$draft" \
     --gguf-dir /root/gguf --work-dir /root/w --prompts-file "${4:-.chunks/prompts.json}" --prompts 20 \
     --results /root/speed --out "$out" 2>&1 | tee "$out/$2.log"
   mv "$out/dfvg.json" "$out/$2.json"
@@ -116,6 +118,8 @@ bring_back "$RESULTS/l4-d512-v32768-fh" h
 [ "${CONTROL:-1}" = 1 ] && train l4-d512-v32768-more SUFFIX=-more INIT_FROM="$base" STEPS="$HEAD_STEPS"
 [ -d "$draft" ] || draft=$base  # the shipped draft when drafts/ travelled, else this lease's S
 time_head "$RESULTS/l4-d512-v32768-fh" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why)"
+[ -n "${DEEP_TREES:-}" ] && { time_head "$RESULTS/l4-d512-v32768-fh" gpu_speed_fh_deep "$DEEP_TREES" .chunks/prompts.json \
+  "${DEEP_DEPTH:-6}" || echo "the deep trees failed (their log says why)"; }
 time_heldout "$RESULTS/l4-d512-v32768-fh"
 gpu_tests
 echo DONE
