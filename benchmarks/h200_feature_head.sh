@@ -116,7 +116,9 @@ train l4-d512-v32768
 train l4-d512-v32768-fh FEATURE_HEAD=1 INIT_FROM="$base" STEPS="$HEAD_STEPS"
 bring_back "$RESULTS/l4-d512-v32768-fh" h
 [ "${CONTROL:-1}" = 1 ] && train l4-d512-v32768-more SUFFIX=-more INIT_FROM="$base" STEPS="$HEAD_STEPS"
-[ -d "$draft" ] || draft=$base  # the shipped draft when drafts/ travelled, else this lease's S
+# the shipped draft when drafts/ travelled, else this lease's S (a folder moved out of the tree before a call can
+# stay on the device empty: test for its config, not the folder)
+[ -f "$draft/config.json" ] || draft=$base
 time_head "$RESULTS/l4-d512-v32768-fh" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why)"
 [ -n "${DEEP_TREES:-}" ] && { time_head "$RESULTS/l4-d512-v32768-fh" gpu_speed_fh_deep "$DEEP_TREES" .chunks/prompts.json \
   "${DEEP_DEPTH:-6}" || echo "the deep trees failed (their log says why)"; }

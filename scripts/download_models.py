@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfvg import download  # noqa: E402
+from dfvg.checkpoint import is_feature_head  # noqa: E402
 from dfvg.distill.export import TOKENIZER_FILES  # noqa: E402
 from dfvg.errors import OneLineParser, UserError  # noqa: E402
 from dfvg.outputs import check_writable  # noqa: E402
@@ -47,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def install_shipped_drafts(target_name: str, models_dir: Path) -> None:
-    """models/<draft>/ for every distilled draft shipped in drafts/ for this target (docs/distill.md).
+    """models/<draft>/ for every distilled draft and feature head shipped in drafts/ for this target (docs/distill.md).
 
     The repo ships only the draft's weights, config and recipe (the target's 11 MB tokenizer would double
     the files); the folder made here links those and copies the target's tokenizer files, so it is a
@@ -63,7 +64,8 @@ def install_shipped_drafts(target_name: str, models_dir: Path) -> None:
         for name in TOKENIZER_FILES:
             if (target_dir / name).is_file():
                 shutil.copyfile(target_dir / name, out / name)
-        print(f"[{out.name}] ready: {out} (shipped distilled draft for {target_name})")
+        kind = "feature head" if is_feature_head(out) else "distilled draft"
+        print(f"[{out.name}] ready: {out} (shipped {kind} for {target_name})")
 
 
 def main(argv: list[str] | None = None) -> int:

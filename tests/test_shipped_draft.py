@@ -1,4 +1,5 @@
-"""The shipped distilled draft (drafts/): intact, loadable, under 64 MB, and installed by download_models.py."""
+"""The shipped distilled draft and feature head (drafts/): intact, loadable, under 64 MB each, and installed by
+download_models.py."""
 
 from __future__ import annotations
 
@@ -9,17 +10,23 @@ from pathlib import Path
 
 import torch
 
-from dfvg.checkpoint import load_model
+from dfvg.checkpoint import is_feature_head, load_model
+from dfvg.feature_head import load_feature_head
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "drafts" / "qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768"
+SHIPPED_HEAD = ROOT / "drafts" / "qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768-fh"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_shipped_draft_is_intact_small_and_loads():
     weights = SHIPPED / "model.safetensors"
     recipe = json.loads((SHIPPED / "distill_recipe.json").read_text())
     assert weights.stat().st_size <= 64 * 10**6
-    assert hashlib.sha256(weights.read_bytes()).hexdigest() == recipe["model_safetensors_sha256"]
+    assert sha256(weights) == recipe["model_safetensors_sha256"]
     model = load_model(SHIPPED)  # checks every shape, the head ids and the token -> row table
     cfg = model.config
     assert (cfg.num_layers, cfg.hidden_size, cfg.head_vocab_size, cfg.vocab_size) == (4, 512, 32768, 151936)
@@ -37,6 +44,27 @@ def test_download_models_installs_the_shipped_draft(tmp_path):
     target.mkdir()
     (target / "tokenizer.json").write_text("{}")
     download_models.install_shipped_drafts(target.name, tmp_path)
-    installed = tmp_path / SHIPPED.name
-    assert (installed / "model.safetensors").resolve() == (SHIPPED / "model.safetensors").resolve()
-    assert (installed / "tokenizer.json").read_text() == "{}" and (installed / "config.json").is_file()
+    for shipped in (SHIPPED, SHIPPED_HEAD):
+        installed = tmp_path / shipped.name
+        assert (installed / "model.safetensors").resolve() == (shipped / "model.safetensors").resolve()
+        assert (installed / "tokenizer.json").read_text() == "{}" and (installed / "config.json").is_file()
+    assert is_feature_head(tmp_path / SHIPPED_HEAD.name) and not is_feature_head(tmp_path / SHIPPED.name)
+
+
+def test_shipped_feature_head_is_intact_small_and_drafts_from_features():
+    recipe = json.loads((SHIPPED_HEAD / "distill_recipe.json").read_text())
+    assert (SHIPPED_HEAD / "model.safetensors").stat().st_size + \
+        (SHIPPED_HEAD / "feature_head.safetensors").stat().st_size <= 64 * 10**6
+    assert sha256(SHIPPED_HEAD / "model.safetensors") == recipe["model_safetensors_sha256"]
+    assert sha256(SHIPPED_HEAD / "feature_head.safetensors") == recipe["feature_head_safetensors_sha256"]
+    head = load_feature_head(SHIPPED_HEAD, target_hidden_size=1536)  # checks every shape
+    cfg = head.body.config
+    assert (cfg.num_layers, cfg.hidden_size, cfg.head_vocab_size) == (4, 512, 32768)
+    ids, positions = torch.tensor([[151643, 750, 15801]]), torch.arange(3)[None]
+    head.body.setup_cache(1, 8)
+    features = torch.randn(1, 3, 1536, generator=torch.Generator().manual_seed(0))
+    logits, predicted = head(ids, positions, features)
+    head.body.setup_cache(1, 8)
+    other_logits, _ = head(ids, positions, features * 0)
+    assert predicted.shape == (1, 3, 1536) and torch.isfinite(logits).sum() == 3 * 32768
+    assert not torch.equal(logits, other_logits)  # the target's features change what it proposes
