@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 15's feature-head lease: train an EAGLE-style head (dfvg/feature_head.py) and time it end to end against
-# the standalone 4 x 512 draft it extends. One background job after the target's GGUF arrived in chunks (19 of
-# 58 MiB: `split -b 58m -d -a 2 <target>.gguf .chunks/t/t`, carried one per call with drafts/ moved out of the
-# tree, since the tracked tree alone is 61 MiB):
+# the standalone 4 x 512 draft it extends. One background job after the target's GGUF arrived in chunks (21 of
+# 52 MiB: `split -b 52m -d -a 2 <target>.gguf .chunks/t/t`, carried one per call with drafts/ moved out of the
+# tree: a call carries at most 64 MiB, the tracked tree is 8 MB without drafts/ and 130 MB with them):
 #
 #   (setsid nohup bash benchmarks/h200_feature_head.sh /root/t /root/fout > /root/fh.log 2>&1 &)
 #
@@ -19,7 +19,8 @@
 # 5. gpu_speed --phases dfvg on the 20 held-out prompts: plain, S and H at k = 4 and each TREES shape, in one run;
 #    then HELDOUT (below).
 # HEAD=DIR skips 1-4: step 5 times that head (a folder carried in; model.safetensors may come in parts,
-# DIR/model.safetensors.part*, joined here) beside the standalone draft DRAFT (default: the shipped one).
+# DIR/model.safetensors.part*, joined here) beside the standalone draft DRAFT (default: the shipped one, which
+# cannot travel inside the tree beside the rest: carry it as a folder of parts outside drafts/ and set DRAFT).
 # With HEAD, MORE_STEPS=N then trains that head N more steps (--init-from it: the run starts as exactly that
 # head, keeps its head vocabulary, and regenerates the teacher data of step 1 first; PROMPT_DIR holds the
 # prompt files when they were carried in an earlier call) and times the result the same way, as H2 ($out/h2).
