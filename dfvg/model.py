@@ -111,14 +111,23 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-class KVCache(nn.Module):
-    """Static K/V storage [B, S, kv_heads, hd], written at absolute positions."""
+class KVCache:
+    """Static K/V storage [B, S, kv_heads, hd] of one layer, written at absolute positions. k and v are views
+    into the model's one `kv_store` [layers, 2, B, S, kv_heads, hd], so moving cache slots of every layer at
+    once is one gather and one scatter (`dfvg.tree.move_slots`), not two per layer: the captured tree step
+    compacts with 2 kernels instead of 4 per layer. The views are taken at each use: one made before the store
+    gained autograd history (training writes K/V that carry gradients) would count as a leaf."""
 
-    def __init__(self, batch: int, max_seq_len: int, kv_heads: int, head_dim: int, dtype, device):
-        super().__init__()
-        shape = (batch, max_seq_len, kv_heads, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+    def __init__(self, store: Tensor, layer: int):
+        self.store, self.layer = store, layer
+
+    @property
+    def k(self) -> Tensor:
+        return self.store[self.layer, 0]
+
+    @property
+    def v(self) -> Tensor:
+        return self.store[self.layer, 1]
 
     def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write k/v [B, T, kv, hd] at input_pos [B, T]; return the cache of those B rows [B, S, kv, hd]."""
@@ -211,6 +220,7 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self.max_seq_len = 0
         self.max_batch = 0
+        self.register_buffer("kv_store", None, persistent=False)  # every layer's K/V (setup_cache; KVCache)
 
     def setup_cache(self, batch_size: int, max_seq_len: int) -> None:
         """Allocate K/V and the RoPE table once; reuse them when the request already fits."""
@@ -218,14 +228,25 @@ class Transformer(nn.Module):
             return
         weight = self.tok_embeddings.weight
         cfg = self.config
-        for layer in self.layers:
-            layer.attention.kv_cache = KVCache(
-                batch_size, max_seq_len, cfg.num_kv_heads, cfg.head_dim, weight.dtype, weight.device
-            )
+        for layer in self.layers:  # the old store is freed before the new one is allocated
+            layer.attention.kv_cache = None
+        self.kv_store = None
+        shape = (len(self.layers), 2, batch_size, max_seq_len, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_store = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+        for i, layer in enumerate(self.layers):
+            layer.attention.kv_cache = KVCache(self.kv_store, i)
         cos, sin = rope_table(cfg, max_seq_len, weight.device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.max_batch, self.max_seq_len = batch_size, max_seq_len
+
+    def _apply(self, fn, recurse: bool = True):
+        """`.to()` / `.half()` after setup_cache make a new `kv_store`: the layers' caches follow it."""
+        super()._apply(fn, recurse)
+        if self.kv_store is not None:
+            for i, layer in enumerate(self.layers):
+                layer.attention.kv_cache = KVCache(self.kv_store, i)
+        return self
 
     def feed(self, tokens: list[int], start_pos: int, last_only: bool = False) -> Tensor:
         """Batch-1 convenience: tokens at positions start_pos.. -> logits [T, V] ([1, V] with last_only)."""

@@ -165,13 +165,12 @@ def compact_cache(model: Transformer, sources: list[int], first_dest: int) -> No
 
 
 def move_slots(model: Transformer, src: Tensor, dest: Tensor, rows: slice = slice(None)) -> None:
-    """K/V of every layer at cache slots src -> slots dest, for the given batch rows (all by default); each
-    tensor's gather reads before its scatter writes, so overlapping moves are safe. No host sync: the captured
-    tree step (`dfvg.gpu.tree_device.compact`) calls it with slots computed on the device."""
-    for layer in model.layers:
-        cache = layer.attention.kv_cache
-        for tensor in (cache.k[rows], cache.v[rows]):
-            tensor.index_copy_(1, dest, tensor.index_select(1, src))
+    """K/V of every layer at cache slots src -> slots dest, for the given batch rows (all by default): one
+    gather and one scatter over the model's `kv_store`; the gather reads before the scatter writes, so
+    overlapping moves are safe. No host sync: the captured tree step (`dfvg.gpu.tree_device.compact`) calls it
+    with slots computed on the device."""
+    store = model.kv_store[:, :, rows]  # [layers, 2, B, S, kv_heads, hd]
+    store.index_copy_(3, dest, store.index_select(3, src))
 
 
 def accept_tree(tokens: list[int], parents: list[int], draft_probs: Tensor | None, target_probs: Tensor,

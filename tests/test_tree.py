@@ -13,7 +13,7 @@ from dfvg.engine import Engine
 from dfvg.errors import UserError
 from dfvg.generate import GREEDY, generate
 from dfvg.sampling import SamplingParams, one_hot_argmax
-from dfvg.tree import TreeSpec, accept_tree, ancestor_mask, parse_tree_spec, static_nodes
+from dfvg.tree import TreeSpec, accept_tree, ancestor_mask, move_slots, parse_tree_spec, static_nodes
 from dfvg.verifier import TorchVerifier
 from tests.conftest import save_checkpoint
 from tests.stats_helpers import chi_square_p_value, samples_for_power, tilted
@@ -188,3 +188,22 @@ def test_config_key_tree_is_parsed():
 
     assert parse_values({"tree": "2,2,1"}, "x.yaml") == {"tree": TreeSpec(branching=(2, 2, 1))}
     assert parse_values({"tree": "dynamic:12"}, "x.yaml")["tree"] == TreeSpec(budget=12)
+
+
+def test_move_slots_moves_every_layers_kv_and_the_views_survive_a_dtype_change(tmp_path):
+    save_checkpoint(tmp_path, "qwen2", seed=3)
+    model = load_model(tmp_path)
+    model.setup_cache(2, 12)
+    torch.manual_seed(0)
+    model.kv_store.copy_(torch.randn_like(model.kv_store))
+    model.to(torch.float64)  # each buffer converted apart: the layers' K/V must be the store's views again
+    caches = [layer.attention.kv_cache for layer in model.layers]
+    before = [(c.k.clone(), c.v.clone()) for c in caches]
+    src, dest = torch.tensor([5, 6, 7]), torch.tensor([4, 5, 6])  # overlapping: reads happen before writes
+    move_slots(model, src, dest, slice(1, 2))
+    assert len(caches) > 1 and all(c.k.dtype == torch.float64 for c in caches)
+    for cache, (k, v) in zip(caches, before, strict=True):
+        for moved, old in ((cache.k, k), (cache.v, v)):
+            expected = old.clone()
+            expected[1, dest] = old[1, src]
+            assert torch.equal(moved, expected)  # row 0 untouched, row 1 moved, per layer

@@ -65,9 +65,9 @@ class GraphModel:
         """Allocate (or keep) a cache of `rows` rows of max_seq_len + SCRATCH slots; new buffers invalidate
         the graphs. One sequence uses row 0, so a batch's cache serves single sequences too."""
         self.model.setup_cache(rows, max_seq_len + SCRATCH)
-        cache = self.model.layers[0].attention.kv_cache
-        if cache.k is not self._cache_tensor:  # the tensor itself: a freed id can come back for a new one
-            self._cache_tensor, self._cache_id, self.graphs = cache.k, (self._cache_id or 0) + 1, {}
+        store = self.model.kv_store
+        if store is not self._cache_tensor:  # the tensor itself: a freed id can come back for a new one
+            self._cache_tensor, self._cache_id, self.graphs = store, (self._cache_id or 0) + 1, {}
             self.cache_len = self.model.max_seq_len
             self._allocate_features()
 

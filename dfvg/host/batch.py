@@ -83,10 +83,8 @@ def padded_inputs(rows: list[Row], blocks: list[DraftBlock], device: torch.devic
 def compact_cache(model: Transformer, keep: list[int]) -> None:
     """Move cache rows `keep` (in order) to rows 0..len(keep)-1 of every layer's K/V."""
     index = torch.tensor(keep, dtype=torch.long, device=model.tok_embeddings.weight.device)
-    for layer in model.layers:
-        cache = layer.attention.kv_cache
-        cache.k[: len(keep)] = cache.k[index]  # advanced indexing copies first: no overlap hazard
-        cache.v[: len(keep)] = cache.v[index]
+    store = model.kv_store  # [layers, 2, B, S, kv_heads, hd]: every layer's K and V at once
+    store[:, :, : len(keep)] = store[:, :, index]  # advanced indexing copies first: no overlap hazard
 
 
 @torch.inference_mode()
