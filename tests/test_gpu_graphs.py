@@ -43,6 +43,23 @@ def test_functional_forward_matches_model(arch):
     assert torch.allclose(got, want, atol=1e-4)
 
 
+def test_a_bigger_cache_frees_the_old_store_first_and_drops_its_graphs():
+    """Every layer's K/V is one tensor (`Transformer.kv_store`): the graph model keeps only a weak reference to
+    it, so a reallocation (a longer prompt) never holds the old store and the new one at once."""
+    import weakref
+
+    model = tiny("qwen2", 0)
+    gm = GraphModel(model, compile_blocks=False)
+    gm.ensure_cache(16)
+    first, old = gm._cache_id, weakref.ref(model.kv_store)
+    gm.graphs["x"] = ("a graph over the old store", None)
+    gm.ensure_cache(8)  # fits: nothing changes
+    assert gm._cache_id == first and "x" in gm.graphs and old() is model.kv_store
+    gm.ensure_cache(64)
+    assert old() is None and gm._cache_id == first + 1 and gm.graphs == {}
+    assert model.layers[-1].attention.kv_cache.k.shape[0:2] == (1, gm.cache_len)
+
+
 @pytest.mark.parametrize("length", [1, 16, 37, 64, 70])
 def test_graph_prefill_fills_the_cache_like_eager_feed(length):
     """64-token chunks through one T=64 token graph (last chunk padded) leave the cache eager feed leaves."""

@@ -14,6 +14,7 @@ and real positions stay below them.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from functools import partial
 
@@ -54,7 +55,7 @@ class GraphModel:
         self.fused = self.why_not_fused is None
         self.cache_len = 0
         self._cache_id = None  # bumped whenever the cache tensors change (graphs over the old ones are dropped)
-        self._cache_tensor = None
+        self._cache_store = lambda: None  # a weak reference: the old store is freed before the new one comes
         self.graphs: dict = {}
         # With a feature head drafting (dfvg.feature_head): every one-sequence pass also writes its rows'
         # final-norm outputs at their positions, inside the captured graphs too (static buffer, static pos).
@@ -66,8 +67,8 @@ class GraphModel:
         the graphs. One sequence uses row 0, so a batch's cache serves single sequences too."""
         self.model.setup_cache(rows, max_seq_len + SCRATCH)
         store = self.model.kv_store
-        if store is not self._cache_tensor:  # the tensor itself: a freed id can come back for a new one
-            self._cache_tensor, self._cache_id, self.graphs = store, (self._cache_id or 0) + 1, {}
+        if store is not self._cache_store():  # the tensor itself: a freed id can come back for a new one
+            self._cache_store, self._cache_id, self.graphs = weakref.ref(store), (self._cache_id or 0) + 1, {}
             self.cache_len = self.model.max_seq_len
             self._allocate_features()
 
