@@ -115,8 +115,8 @@ class KVCache:
     """Static K/V storage [B, S, kv_heads, hd] of one layer, written at absolute positions. k and v are views
     into the model's one `kv_store` [layers, 2, B, S, kv_heads, hd], so moving cache slots of every layer at
     once is one gather and one scatter (`dfvg.tree.move_slots`), not two per layer: the captured tree step
-    compacts with 2 kernels instead of 4 per layer. The views are taken at each use: one made before the store
-    gained autograd history (training writes K/V that carry gradients) would count as a leaf."""
+    compacts with 2 kernels instead of 4 per layer. The views are taken at each use (a view kept across
+    in-place writes of its base is fragile under autograd)."""
 
     def __init__(self, store: Tensor, layer: int):
         self.store, self.layer = store, layer
@@ -130,9 +130,16 @@ class KVCache:
         return self.store[self.layer, 1]
 
     def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write k/v [B, T, kv, hd] at input_pos [B, T]; return the cache of those B rows [B, S, kv, hd]."""
+        """Write k/v [B, T, kv, hd] at input_pos [B, T]; return the cache of those B rows [B, S, kv, hd].
+
+        Where gradients flow into k/v (distillation: one pass over whole sequences on a fresh cache), the rows
+        are returned with k/v put in out of place and the store is left as it is: every layer's views share
+        the store's version counter, so one layer's in-place write would invalidate what the layer before it
+        saved for backward."""
         batch = k.shape[0]
         rows = torch.arange(batch, device=k.device)[:, None]
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            return self.k[:batch].index_put((rows, input_pos), k), self.v[:batch].index_put((rows, input_pos), v)
         self.k[rows, input_pos] = k
         self.v[rows, input_pos] = v
         return self.k[:batch], self.v[:batch]

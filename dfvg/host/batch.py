@@ -83,8 +83,8 @@ def padded_inputs(rows: list[Row], blocks: list[DraftBlock], device: torch.devic
 def compact_cache(model: Transformer, keep: list[int]) -> None:
     """Move cache rows `keep` (in order) to rows 0..len(keep)-1 of every layer's K/V."""
     index = torch.tensor(keep, dtype=torch.long, device=model.tok_embeddings.weight.device)
-    store = model.kv_store  # [layers, 2, B, S, kv_heads, hd]: every layer's K and V at once
-    store[:, :, : len(keep)] = store[:, :, index]  # advanced indexing copies first: no overlap hazard
+    for store in model.kv_store:  # [2, B, S, kv_heads, hd] a layer: its K and V at once, a layer's worth of
+        store[:, : len(keep)] = store[:, index]  # temporary (advanced indexing copies first: no overlap hazard)
 
 
 @torch.inference_mode()
