@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 15's feature-head lease: train an EAGLE-style head (dfvg/feature_head.py) and time it end to end against
-# the standalone 4 x 512 draft it extends. One background job after the target's GGUF arrived in chunks (21 of
-# 52 MiB: `split -b 52m -d -a 2 <target>.gguf .chunks/t/t`, carried one per call with drafts/ moved out of the
-# tree: a call carries at most 64 MiB, the tracked tree is 8 MB without drafts/ and 130 MB with them):
+# the standalone 4 x 512 draft it extends. One background job after the target's GGUF (and, for HEAD, the shipped
+# drafts) arrived as benchmarks/device_pack.py's chunks (h200_weights.sh says how they are made), carried one per
+# call with drafts/ moved out of the tree: a call carries at most 64 MiB, the tracked tree is 8 MB without drafts/
+# and 126 MB with them:
 #
-#   (setsid nohup bash benchmarks/h200_feature_head.sh /root/t /root/fout > /root/fh.log 2>&1 &)
+#   (setsid nohup bash benchmarks/h200_feature_head.sh /root/p /root/fout > /root/fh.log 2>&1 &)
 #
 # carry: results/distill_prompts (humaneval, sharegpt5k and pystdlib JSONL: `distill_h200.sh prompts`), .whl,
 # .chunks/prompts.json (gpu_speed.py --write-prompts) and the HELDOUT files.
@@ -18,12 +19,13 @@
 #    gain over S is not just more training;
 # 5. gpu_speed --phases dfvg on the 20 held-out prompts: plain, S and H at k = 4 and each TREES shape, in one run;
 #    then HELDOUT (below).
-# HEAD=DIR skips 1-4: step 5 times that head (a folder carried in; model.safetensors may come in parts,
-# DIR/model.safetensors.part*, joined here) beside the standalone draft DRAFT (default: the shipped one, which
-# cannot travel inside the tree beside the rest: carry it as a folder of parts outside drafts/ and set DRAFT).
+# HEAD=DIR skips 1-4: step 5 times that head (e.g. the shipped drafts/...-fh, packed with the GGUF; or a folder
+# carried in, whose model.safetensors may come in parts, DIR/model.safetensors.part*, joined here) beside the
+# standalone draft DRAFT (default: the shipped one, packed with it).
 # With HEAD, MORE_STEPS=N then trains that head N more steps (--init-from it: the run starts as exactly that
 # head, keeps its head vocabulary, and regenerates the teacher data of step 1 first; PROMPT_DIR holds the
 # prompt files when they were carried in an earlier call) and times the result the same way, as H2 ($out/h2).
+# TRAIN_FIRST=1 trains before any timing, then times H2 and HEAD, each with HELDOUT (no FPGA phase, no probe).
 # TREES (default "dynamic:16 dynamic:40") are the tree shapes the first timing adds for the draft and the head.
 # With HEAD, after the first timing, gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath
 # (emulated on the GPU, sync, k = 4, 5 prompts): its schedule measured, projected onto the U280 model (fpga.json),
@@ -42,11 +44,9 @@ out=$2
 case $out in /root/out | /root/out/*) echo "error: $out is the device tool's \$OUT, emptied at every call" >&2; exit 2;; esac
 HEAD_STEPS=${HEAD_STEPS:-1000}
 rm -rf /root/repo_f && cp -r "$(dirname "$0")/.." /root/repo_f && cd /root/repo_f
-mkdir -p /root/gguf "$out"
-cat "$chunks"/t* > /root/gguf/qwen2.5-coder-1.5b-instruct.gguf
-sha256sum /root/gguf/*.gguf | tee "$out/sha256.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD GGUF_DIR=/root/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/res
+# shellcheck source=benchmarks/h200_weights.sh
+source benchmarks/h200_weights.sh  # the GGUF (and drafts/ when packed) from device_pack.py's chunks, checked
+export GGUF_DIR=/root/cache/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/res
 pd=${PROMPT_DIR:-results/distill_prompts}
 export PROMPTS=$pd/humaneval.jsonl*8,$pd/sharegpt5k.jsonl,$pd/pystdlib.jsonl
 draft=${DRAFT:-drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768}
@@ -54,13 +54,13 @@ time_head() {  # head folder, log name[, trees[, prompts file[, depth]]]: plain,
   # head at k = depth (default 4; and each tree shape at that depth for both), in one run
   python3 benchmarks/gpu_speed.py --phases dfvg --ks "${5:-4}" --tree-depth "${5:-4}" --one-kernel --trees "${3:-}" \
     --skip-draft --feature-head "$1" --distilled-draft "$draft" \
-    --gguf-dir /root/gguf --work-dir /root/w --prompts-file "${4:-.chunks/prompts.json}" --prompts 20 \
+    --gguf-dir /root/cache/gguf --work-dir /root/w --prompts-file "${4:-.chunks/prompts.json}" --prompts 20 \
     --results /root/speed --out "$out" 2>&1 | tee "$out/$2.log"
   mv "$out/dfvg.json" "$out/$2.json"
 }
-time_heldout() {  # head folder: HELDOUT's prompt files, one run each
+time_heldout() {  # head folder[, tag]: HELDOUT's prompt files, one run each
   for file in ${HELDOUT:-}; do
-    time_head "$1" "gpu_speed_fh_$(basename "$file" .json)" "${HELDOUT_TREES-dynamic:16}" "$file" \
+    time_head "$1" "gpu_speed_fh${2:-}_$(basename "$file" .json)" "${HELDOUT_TREES-dynamic:16}" "$file" \
       || echo "timing on $file failed (its log says why)"
   done
 }
@@ -88,25 +88,36 @@ bring_back() {  # trained head folder, name under $out: what comes back from the
   sha256sum "$1"/*.safetensors > "$out/$2/sha256.txt"
   echo "TRAINED $2 ($(date -u +%T))"
 }
-if [ -n "${HEAD:-}" ]; then
-  compgen -G "$HEAD/model.safetensors.part*" >/dev/null && cat "$HEAD"/model.safetensors.part* > "$HEAD/model.safetensors"
-  sha256sum "$HEAD"/*.safetensors | tee -a "$out/sha256.txt"
-  gpu_tests
-  time_head "$HEAD" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why); training goes on"
-  # the head on the emulated int8 datapath (this GPU), its schedule measured and projected onto the U280 model
-  python3 benchmarks/gpu_speed.py --phases fpga --fpga-head "$HEAD" --fpga-ks 4 --skip-draft \
-    --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/fpga \
-    --out "$out" 2>&1 | tail -40 > "$out/fpga_head.log" || echo "the FPGA head phase failed (its log says why)"
-  time_heldout "$HEAD"
-  python3 benchmarks/feature_head_probe.py --phases dfvg --ks 4 --one-kernel --skip-draft --feature-head "$HEAD" \
-    --gguf-dir /root/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 6 --results /root/probe \
-    --out "$out" 2>&1 | tail -80 > "$out/feature_head_probe.log" || echo "the probe failed (its log says why)"
-  [ "${MORE_STEPS:-0}" -gt 0 ] || { echo DONE; exit 0; }
+more() {  # MORE_STEPS more steps of $HEAD (H2), timed with the same prompts and trees as $HEAD
   echo "== prepare teacher ($(date -u +%T))"
   bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
   train l4-d512-v32768-fh2 FEATURE_HEAD=1 SUFFIX=2 INIT_FROM="$HEAD" STEPS="$MORE_STEPS"
   bring_back "$RESULTS/l4-d512-v32768-fh2" h2
-  time_head "$RESULTS/l4-d512-v32768-fh2" gpu_speed_fh2
+  time_head "$RESULTS/l4-d512-v32768-fh2" gpu_speed_fh2 "${TREES-dynamic:16 dynamic:40}"
+  time_heldout "$RESULTS/l4-d512-v32768-fh2" h2
+}
+if [ -n "${HEAD:-}" ]; then
+  compgen -G "$HEAD/model.safetensors.part*" >/dev/null && cat "$HEAD"/model.safetensors.part* > "$HEAD/model.safetensors"
+  sha256sum "$HEAD"/*.safetensors | tee -a "$out/sha256.txt"
+  if [ "${MORE_STEPS:-0}" -gt 0 ] && [ "${TRAIN_FIRST:-0}" = 1 ]; then  # the lease's time goes to training first
+    more
+    time_head "$HEAD" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why)"
+    time_heldout "$HEAD"
+    gpu_tests
+    echo DONE
+    exit 0
+  fi
+  gpu_tests
+  time_head "$HEAD" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why); training goes on"
+  # the head on the emulated int8 datapath (this GPU), its schedule measured and projected onto the U280 model
+  python3 benchmarks/gpu_speed.py --phases fpga --fpga-head "$HEAD" --fpga-ks 4 --skip-draft \
+    --gguf-dir /root/cache/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/fpga \
+    --out "$out" 2>&1 | tail -40 > "$out/fpga_head.log" || echo "the FPGA head phase failed (its log says why)"
+  time_heldout "$HEAD"
+  python3 benchmarks/feature_head_probe.py --phases dfvg --ks 4 --one-kernel --skip-draft --feature-head "$HEAD" \
+    --gguf-dir /root/cache/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 6 --results /root/probe \
+    --out "$out" 2>&1 | tail -80 > "$out/feature_head_probe.log" || echo "the probe failed (its log says why)"
+  [ "${MORE_STEPS:-0}" -gt 0 ] && more
   echo DONE
   exit 0
 fi

@@ -8,13 +8,17 @@
 #     2. benchmarks/gpu_rows.py --profile: device time per kernel at T = 1 / 16 / 64 (contexts 512 and 32k), the
 #        code variants side by side (gpu_rows.modes_of: K/V per token or shared, the attention grid),
 #        rows x contexts, invariance, cuBLAS; then benchmarks/draft_block.py: the distilled draft's block with the
-#        shipped block sizes against linear_config's split-K (it has not run in its committed form yet);
-#   bash benchmarks/h200_lease.sh pair CHUNKS OUT     # after the chunks arrived, with drafts/ carried:
+#        shipped block sizes against linear_config's split-K (it has not run in its committed form yet), and
+#        benchmarks/tree_step.py: the chain and tree steps' time and kernels side by side (random weights);
+#   bash benchmarks/h200_lease.sh pair CHUNKS OUT     # after device_pack.py's chunks arrived (h200_weights.sh):
 #     3. waits for part 1 (one GPU: timings must not overlap);
-#     4. gpu_speed --phases dfvg --ks 4 with --trees' shapes: DFVG plain, chain and trees with the 0.5B and the
-#        distilled draft on the 20 held-out prompts; --phases llama_cpp,report (llama.cpp built in the
-#        background by a separate command of the first call: llama_cpp_peer.build into /root/w/peers);
-#     5. dfvg generate on one held-out prompt: plain, the distilled chain, its dynamic:16 tree;
+#     4. gpu_speed --phases dfvg --ks 4 with TREES' shapes (default "dynamic:15 4,2,1,1"): DFVG plain, chain and
+#        trees with the 0.5B draft, the distilled draft and the feature head on the 20 held-out prompts; the head
+#        again at k = 6 and DEEP_TREES (default dynamic:31; '' = skip) at depth 6 (phase file in OUT/deep);
+#        --phases llama_cpp,report (llama.cpp built in the background by a separate command of the first call:
+#        llama_cpp_peer.build into /root/w/peers): the report's best draft is any speculative row;
+#     5. dfvg generate on one held-out prompt: plain, the distilled chain and the head, each chain and its
+#        dynamic:15 tree;
 #     6. --phases hf_eager,hf_static,hf_assist,report --ks 2,4,6,8: HF assisted at the k that is fastest on the
 #        first 3 prompts, quoted on the other 17 (last: the part that may be cut short).
 # The kernels part takes KERNEL_TESTS (test files beside test_gpu_fused.py and test_tree_device.py; default: the
@@ -46,6 +50,7 @@ if [ "$part" = kernels ]; then
   fi
   python3 benchmarks/gpu_rows.py --profile ${ROWS_FLAGS:-} --out "$out/rows" 2>&1 | tee "$out/rows.log"
   timeout 300 python3 benchmarks/draft_block.py --out "$out/draft_block" 2>&1 | tee "$out/draft_block.log" || true
+  timeout 300 python3 benchmarks/tree_step.py --out "$out/tree_step" 2>&1 | tee "$out/tree_step.log" || true
   echo KERNELS_DONE
   exit 0
 fi
@@ -57,14 +62,19 @@ for _ in $(seq 1 360); do  # give up after 30 min
   sleep 5
 done
 rm -rf /root/repo && cp -r "$(dirname "$0")/.." /root/repo && cd /root/repo
-draft_weights=$(ls drafts/*/model.safetensors)
 # shellcheck source=benchmarks/h200_weights.sh
 source benchmarks/h200_weights.sh
 python3 scripts/download_models.py --cache-dir /root/cache 2>&1 | tail -2
 common=(--gguf-dir /root/cache/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20
         --results /root/res --out "$out" --llama-src /root/peers.tar.gz)
-python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "2,2,1,1 4,2,1,1 dynamic:16 dynamic:40" \
-  "${common[@]}" 2>&1 | tee "$out/gpu_speed_dfvg.log"
+head=models/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768-fh
+python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "${TREES-dynamic:15 4,2,1,1}" \
+  --feature-head "$head" "${common[@]}" 2>&1 | tee "$out/gpu_speed_dfvg.log"
+if [ -n "${DEEP_TREES-dynamic:31}" ]; then  # the head alone at depth 6 (issue 15's tree goal), its own phase file
+  python3 benchmarks/gpu_speed.py --phases dfvg --ks 6 --tree-depth 6 --one-kernel --trees "${DEEP_TREES-dynamic:31}" \
+    --skip-draft --distilled-draft "" --feature-head "$head" "${common[@]}" --results /root/res_deep \
+    --out "$out/deep" 2>&1 | tee "$out/gpu_speed_deep.log"
+fi
 python3 benchmarks/gpu_speed.py --phases llama_cpp,report "${common[@]}" 2>&1 | tee "$out/gpu_speed_llama.log"
 # shellcheck source=benchmarks/h200_generate.sh
 source benchmarks/h200_generate.sh

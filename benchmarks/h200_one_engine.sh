@@ -5,9 +5,9 @@
 #   2. the seed's job on one GPU: python scripts/run_experiments.py --config configs/gpu.yaml;
 #   3. dfvg generate --device cuda on one held-out prompt: --no-draft, distilled draft, 0.5B draft (--json);
 # after the gpu-marked engine tests (graphs, device batches, fused layers, kernels) in the background.
-# Usage there: bash benchmarks/h200_one_engine.sh /root/g /root/d/d00 OUT_DIR   (chunks, draft weights, outputs)
+# Usage there: bash benchmarks/h200_one_engine.sh /root/p OUT_DIR   (device_pack.py's chunks: h200_weights.sh)
 set -euo pipefail
-chunks=$1 draft_weights=$2 out=$3
+chunks=$1 out=$2
 cd "$(dirname "$0")/.."
 # shellcheck source=benchmarks/h200_weights.sh
 source benchmarks/h200_weights.sh

@@ -1,12 +1,18 @@
-# Sourced by the H200 lease scripts (h200_one_engine.sh, h200_batch.sh) with chunks, draft_weights and out
-# set: the carried gguf wheel on PYTHONPATH, the GGUFs cut back out of the carried chunk stream (target
-# first, by its pinned size), SHA-256 of everything into $out/sha256.txt, the shipped draft's weights in place.
+# Sourced by the lease scripts (h200_lease.sh pair, h200_one_engine.sh) with chunks and out set, in the repository
+# copy: the carried gguf wheel on PYTHONPATH; the files packed by benchmarks/device_pack.py (the GGUFs as
+# gguf/<name>, drafts as drafts/<folder>/<file>) unpacked from $chunks (chunks and manifest.json) and checked
+# against the manifest's SHA-256 (listed in $out/sha256.txt); the GGUFs where download_models.py --cache-dir
+# /root/cache looks, the drafts into this copy's drafts/ (they cannot travel inside the tree: it is over 64 MiB
+# with them).
+# Made here, e.g.: python benchmarks/device_pack.py pack --out .chunks/p \
+#   ~/.cache/dfvg/gguf/qwen2.5-coder-1.5b-instruct.gguf:gguf/qwen2.5-coder-1.5b-instruct.gguf \
+#   ~/.cache/dfvg/gguf/qwen2.5-coder-0.5b-instruct.gguf:gguf/qwen2.5-coder-0.5b-instruct.gguf \
+#   drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768:drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768 \
+#   drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768-fh:drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768-fh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
-mkdir -p /root/cache/gguf "$out"
-cat "$chunks"/c* > /root/all.bin
-head -c 1117320768 /root/all.bin > /root/cache/gguf/qwen2.5-coder-1.5b-instruct.gguf
-tail -c +1117320769 /root/all.bin > /root/cache/gguf/qwen2.5-coder-0.5b-instruct.gguf
-rm /root/all.bin
-sha256sum /root/cache/gguf/*.gguf "$draft_weights" > "$out/sha256.txt"
-cmp -s "$draft_weights" drafts/*/model.safetensors || cp "$draft_weights" drafts/*/model.safetensors
+mkdir -p /root/cache "$out"
+python3 benchmarks/device_pack.py unpack --chunks "$chunks" --root /root/unpacked > "$out/sha256.txt"
+cat "$out/sha256.txt"
+ln -sfn /root/unpacked/gguf /root/cache/gguf
+if [ -d /root/unpacked/drafts ]; then mkdir -p drafts && cp -r /root/unpacked/drafts/. drafts/; fi
