@@ -243,6 +243,24 @@ def test_dfvg_run_drafts_with_the_head_on_the_fpga_variant(head_dir, setup, tmp_
     assert fpga["projected"]["tokens_per_second"]["provenance"] == "modeled"
 
 
+def test_dfvg_run_skips_what_a_head_cannot_draft_and_runs_the_rest(head_dir, setup, tmp_path):  # noqa: F811
+    """Every variant with the head as draft_model: the overlap schedules and the batch of 2's speculative row are
+    reported as skipped (a head drafts from the block just verified, one sequence at a time); the baseline, the
+    sync variants and every plain batch row run, and the head's outputs equal the baseline's."""
+    raw = {"name": "head-all", "target_model": str(setup / "target"), "draft_model": str(head_dir[0]),
+           "dataset": str(setup / "prompts.jsonl"), "num_prompts": 2, "max_new_tokens": 10, "draft_length": 3,
+           "num_runs": 1, "variants": ["baseline", "speculative", "overlap", "adaptive", "batch"],
+           "output_dir": str(tmp_path / "results"), "warmup": True, "batch_sizes": [1, 2]}
+    summary = json.loads((run_experiments(write_yaml(tmp_path / "exp.yaml", raw)) / "performance_summary.json")
+                         .read_text())
+    assert set(summary["skipped"]) == {"overlap", "adaptive", "batch:B=2:spec"}
+    skipped = summary["skipped"]
+    assert "sync schedule only" in skipped["overlap"] and "one sequence" in skipped["batch:B=2:spec"]
+    assert set(summary["variants"]) == {"baseline", "speculative", "batch:B=1:plain", "batch:B=1:spec",
+                                        "batch:B=2:plain"}
+    assert summary["variants"]["speculative"]["acceptance"]["output_match_rate"]["value"] == 1.0
+
+
 def first_child_path(tree) -> list[int]:
     """The tokens along each node's first child from the root: the chain the head would draft."""
     path, node = [], -1

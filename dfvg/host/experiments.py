@@ -33,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from dfvg import reports
+from dfvg.checkpoint import is_feature_head
 from dfvg.energy import EnergyMeter, Nvml
 from dfvg.engine import make_drafter
 from dfvg.generate import GenerationResult, max_seq_len
@@ -148,9 +149,20 @@ def warm_up(plans_: list[Plan], ctx: Context) -> float:
 
 
 def skip_reason(plan: Plan, ctx: Context) -> str | None:
-    """Why a variant cannot run with this config, or None."""
-    if batch_size_of(plan, ctx.cfg) > 1 and plan.drafter != "none" and plan.mode == "overlap":
+    """Why a variant cannot run with this config, or None. A feature head (dfvg.feature_head) drafts from the
+    features of the block just verified, one sequence at a time: with one as the draft, the baseline, its sync
+    variants and the batch variant's plain rows still run, and the rest are reported as skipped."""
+    batched = batch_size_of(plan, ctx.cfg) > 1 and plan.drafter != "none"
+    if batched and plan.mode == "overlap":
         return f"the overlap schedule decodes one sequence; batch_size={ctx.cfg.batch_size} runs sync only"
+    draft = ctx.cfg.extra_drafts[plan.draft] if plan.draft else ctx.cfg.draft_model
+    if plan.drafter == "none" or draft is None or not is_feature_head(draft):
+        return None
+    if plan.mode == "overlap":
+        return "a feature head drafts in the sync schedule only (it reads the features of the block just verified)"
+    if batched:
+        return f"a feature head drafts one sequence at a time; batch size {batch_size_of(plan, ctx.cfg)} needs a " \
+               "standalone draft"
     return None
 
 
