@@ -7,13 +7,13 @@ was cut back apart by hand-written byte offsets in each lease script; a manifest
 in the stream and its SHA-256, and `unpack` refuses anything that does not match, naming the chunk to carry again.
 
     python benchmarks/device_pack.py pack --out .chunks/p \\
-        /root/.cache/dfvg/gguf/qwen2.5-coder-1.5b-instruct.gguf:cache/gguf/qwen2.5-coder-1.5b-instruct.gguf \\
-        drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768-fh:repo/drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768-fh
-    # there, after every chunk and manifest.json arrived in /root/p:
-    python3 benchmarks/device_pack.py unpack --chunks /root/p --root /root
+        /root/.cache/dfvg/gguf/qwen2.5-coder-1.5b-instruct.gguf:gguf/qwen2.5-coder-1.5b-instruct.gguf \\
+        drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768-fh:drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768-fh
+    # there, after every chunk and manifest.json arrived in /root/p (the lease scripts: h200_weights.sh):
+    python3 benchmarks/device_pack.py unpack --chunks /root/p --root /root/unpacked
 
-A source that is a folder packs every file in it (not recursive: draft folders are flat). Destinations are
-relative paths under unpack's --root.
+A source that is a folder packs every file in it (a flat folder, as a draft's is). Destinations are relative
+paths under unpack's --root; h200_weights.sh expects GGUFs under gguf/ and drafts under drafts/.
 """
 
 from __future__ import annotations
@@ -45,15 +45,22 @@ def sources(pairs: list[str]) -> list[tuple[Path, str]]:
     out = []
     for pair in pairs:
         src, sep, dest = pair.rpartition(":")
-        if not sep or not src or not dest or Path(dest).is_absolute() or ".." in Path(dest).parts:
-            raise PackError(f"{pair!r}: give SRC:DEST with DEST a relative path (e.g. m.gguf:cache/gguf/m.gguf)")
+        parts = Path(dest).parts
+        if not sep or not src or not parts or Path(dest).is_absolute() or ".." in parts or parts == (".",):
+            raise PackError(f"{pair!r}: give SRC:DEST with DEST a relative path (e.g. m.gguf:gguf/m.gguf)")
         path = Path(src)
         if path.is_dir():
+            if any(f.is_dir() for f in path.iterdir()):
+                raise PackError(f"{src} holds folders: pack its files, or each folder, as their own SRC:DEST")
             out += [(f, f"{dest}/{f.name}") for f in sorted(path.iterdir()) if f.is_file()]
         elif path.is_file():
             out.append((path, dest))
         else:
             raise PackError(f"{src} does not exist")
+    dests = [Path(dest).as_posix() for _, dest in out]
+    twice = sorted({d for d in dests if dests.count(d) > 1})
+    if twice:
+        raise PackError(f"two sources for {twice[0]}: give every file its own DEST")
     return out
 
 

@@ -100,7 +100,7 @@ if [ -n "${HEAD:-}" ]; then
   compgen -G "$HEAD/model.safetensors.part*" >/dev/null && cat "$HEAD"/model.safetensors.part* > "$HEAD/model.safetensors"
   sha256sum "$HEAD"/*.safetensors | tee -a "$out/sha256.txt"
   if [ "${MORE_STEPS:-0}" -gt 0 ] && [ "${TRAIN_FIRST:-0}" = 1 ]; then  # the lease's time goes to training first
-    more
+    more || echo "training or timing H2 failed (the logs say why); timing HEAD anyway"
     time_head "$HEAD" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why)"
     time_heldout "$HEAD"
     gpu_tests
@@ -117,7 +117,7 @@ if [ -n "${HEAD:-}" ]; then
   python3 benchmarks/feature_head_probe.py --phases dfvg --ks 4 --one-kernel --skip-draft --feature-head "$HEAD" \
     --gguf-dir /root/cache/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 6 --results /root/probe \
     --out "$out" 2>&1 | tail -80 > "$out/feature_head_probe.log" || echo "the probe failed (its log says why)"
-  [ "${MORE_STEPS:-0}" -gt 0 ] && more
+  [ "${MORE_STEPS:-0}" -gt 0 ] && { more || echo "training or timing H2 failed (the logs say why)"; }
   echo DONE
   exit 0
 fi

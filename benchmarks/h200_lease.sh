@@ -32,7 +32,7 @@
 # code only between such calls; `pkill -f PATTERN` also matches the call's own command line (write the pattern
 # as `lease[.]sh pai[r]`, and restart in a separate call).
 # Usage there: (setsid nohup bash benchmarks/h200_lease.sh kernels /root/kout > /root/kernels.log 2>&1 &)
-#             (setsid nohup bash benchmarks/h200_lease.sh pair /root/g /root/pout > /root/pair.log 2>&1 &)
+#             (setsid nohup bash benchmarks/h200_lease.sh pair /root/p /root/pout > /root/pair.log 2>&1 &)
 set -euo pipefail
 part=$1
 out=${*: -1}
@@ -69,13 +69,15 @@ common=(--gguf-dir /root/cache/gguf --work-dir /root/w --prompts-file .chunks/pr
         --results /root/res --out "$out" --llama-src /root/peers.tar.gz)
 head=models/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768-fh
 python3 benchmarks/gpu_speed.py --phases dfvg --ks 4 --one-kernel --trees "${TREES-dynamic:15 4,2,1,1}" \
-  --feature-head "$head" "${common[@]}" 2>&1 | tee "$out/gpu_speed_dfvg.log"
-if [ -n "${DEEP_TREES-dynamic:31}" ]; then  # the head alone at depth 6 (issue 15's tree goal), its own phase file
-  python3 benchmarks/gpu_speed.py --phases dfvg --ks 6 --tree-depth 6 --one-kernel --trees "${DEEP_TREES-dynamic:31}" \
-    --skip-draft --distilled-draft "" --feature-head "$head" "${common[@]}" --results /root/res_deep \
-    --out "$out/deep" 2>&1 | tee "$out/gpu_speed_deep.log"
+  --feature-head "$head" "${common[@]}" 2>&1 | tee "$out/gpu_speed_dfvg.log" || echo "the dfvg phase failed (its log says why)"
+if [ -n "${DEEP_TREES-dynamic:31}" ]; then  # the head alone at depth 6 (issue 15's tree goal): its own plain row,
+  # phase file and report (its rows' names would collide with the first run's in one report)
+  python3 benchmarks/gpu_speed.py --phases dfvg,report --ks 6 --tree-depth 6 --one-kernel \
+    --trees "${DEEP_TREES-dynamic:31}" --skip-draft --distilled-draft "" --feature-head "$head" "${common[@]}" \
+    --results /root/res_deep --out "$out/deep" 2>&1 | tee "$out/gpu_speed_deep.log" || echo "the deep run failed"
 fi
-python3 benchmarks/gpu_speed.py --phases llama_cpp,report "${common[@]}" 2>&1 | tee "$out/gpu_speed_llama.log"
+python3 benchmarks/gpu_speed.py --phases llama_cpp,report "${common[@]}" 2>&1 | tee "$out/gpu_speed_llama.log" \
+  || echo "the llama.cpp phase failed (its log says why)"
 # shellcheck source=benchmarks/h200_generate.sh
 source benchmarks/h200_generate.sh
 python3 benchmarks/gpu_speed.py --phases hf_eager,hf_static,hf_assist,report --ks 2,4,6,8 "${common[@]}" 2>&1 \

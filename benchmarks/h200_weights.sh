@@ -14,5 +14,5 @@ export PYTHONPATH=/tmp/site:$PWD
 mkdir -p /root/cache "$out"
 python3 benchmarks/device_pack.py unpack --chunks "$chunks" --root /root/unpacked > "$out/sha256.txt"
 cat "$out/sha256.txt"
-ln -sfn /root/unpacked/gguf /root/cache/gguf
+if [ -d /root/unpacked/gguf ]; then mkdir -p /root/cache/gguf && mv -f /root/unpacked/gguf/* /root/cache/gguf/; fi
 if [ -d /root/unpacked/drafts ]; then mkdir -p drafts && cp -r /root/unpacked/drafts/. drafts/; fi

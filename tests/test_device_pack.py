@@ -62,6 +62,9 @@ def test_bad_arguments_are_one_line_errors(files, tmp_path, capsys):
         (["pack", "--out", out, str(files / "model.gguf")], "give SRC:DEST with DEST a relative path"),
         (["pack", "--out", out, f"{files / 'model.gguf'}:/abs"], "give SRC:DEST with DEST a relative path"),
         (["pack", "--out", out, f"{files / 'none'}:x"], "does not exist"),
+        (["pack", "--out", out, f"{files / 'model.gguf'}:."], "give SRC:DEST with DEST a relative path"),
+        (["pack", "--out", out, f"{files / 'model.gguf'}:x", f"{files / 'draft/config.json'}:x"], "two sources for x"),
+        (["pack", "--out", out, f"{files}:d"], "holds folders"),
         (["pack", "--out", out, "--chunk-mib", "0", f"{files / 'model.gguf'}:x"], "must be at least 1"),
         (["unpack", "--chunks", str(tmp_path / "nowhere"), "--root", out], "carry the manifest with the chunks"),
     ]:
