@@ -13,7 +13,8 @@ token-level results stay in gpu_speed.py). What it measures (CUDA events around 
    K/V written into the cache) at T = 1, 5, 9;
 2. one target/draft graph replay per T for graphs over eager kernels, compiled blocks and fused layers;
 3. a torch.profiler kernel table of one T = 1 (and a fused T = 5) replay of each forward;
-4. prefill of a 150-token prompt: eager feed against 16-token fused graph chunks.
+4. prefill of prompts of 150 to 8,192 tokens: the fused 64-row graph chunks against one eager causal pass
+   (`--prefill-only`: this part alone).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
-from dfvg.gpu.graphs import GraphModel, capture_graph, graph_prefill, token_graph  # noqa: E402
+from dfvg.gpu.graphs import LONG_PROMPT, GraphModel, capture_graph, graph_prefill, token_graph  # noqa: E402
 from dfvg.model import ModelConfig, Transformer  # noqa: E402
 
 SHAPES = {  # config.json facts of the pinned pair (models/*/config.json after scripts/download_models.py)
@@ -125,18 +126,34 @@ def rotating(call, weights: list) -> callable:
     return launch
 
 
-def prefill_times(cfg: ModelConfig, length: int = 150) -> dict:
-    """Prefill of a `length`-token prompt: eager feed vs 16-token chunks through the fused T=16 graph."""
+PREFILL_LENGTHS = (150, 512, 2048, 8192)
+
+
+def prefill_times(cfg: ModelConfig, lengths: tuple[int, ...] = PREFILL_LENGTHS) -> list[dict]:
+    """Prefill of prompts of each length, three ways in one process: the fused 64-row graph chunks
+    (`graph_prefill`), one eager pass with causal attention over the prompt's own slots (`run_layers(
+    causal_prefix=True)`: cuBLAS GEMMs over every row, SDPA), and what `GraphModel.prefill` picks (the product
+    path; `LONG_PROMPT` decides). The crossover sets LONG_PROMPT (issue 16: prefill at least at cuBLAS speed)."""
     model = random_model(cfg)
     gm = GraphModel(model, compile_blocks=False, fused_layers=True)
-    gm.ensure_cache(CACHE)
-    ids = torch.randint(0, cfg.vocab_size, (length,)).tolist()
-    with torch.inference_mode():
-        graph_prefill(gm, ids)  # capture
-        eager = cuda_median_ms(lambda: model.feed(ids, 0, last_only=True), 5)
-        chunked = cuda_median_ms(lambda: graph_prefill(gm, ids), 5)
-    print(f"  prefill {length} tokens: eager {eager:.1f} ms, fused 16-token graph chunks {chunked:.1f} ms", flush=True)
-    return {"tokens": length, "eager_ms": eager, "graph_chunks_ms": chunked}
+    gm.ensure_cache(max(lengths) + 64)
+    return [prefill_row(gm, torch.randint(0, cfg.vocab_size, (length,)).tolist()) for length in lengths]
+
+
+@torch.inference_mode()
+def prefill_row(gm: GraphModel, ids: list[int]) -> dict:
+    model, pos = gm.model, torch.arange(len(ids), device="cuda")[None]
+
+    def one_pass():
+        return model.run_layers(model.embed(torch.tensor([ids], device="cuda")), pos, causal_prefix=True)
+
+    graph_prefill(gm, ids)  # capture
+    row = {"tokens": len(ids), "graph_chunks_ms": cuda_median_ms(lambda: graph_prefill(gm, ids), 5),
+           "one_causal_pass_ms": cuda_median_ms(one_pass, 5), "product_ms": cuda_median_ms(lambda: gm.prefill(ids), 5),
+           "long_prompt": LONG_PROMPT}
+    print(f"  prefill {len(ids):5d} tokens: 64-row graph chunks {row['graph_chunks_ms']:7.1f} ms, one causal pass "
+          f"{row['one_causal_pass_ms']:7.1f} ms, GraphModel.prefill {row['product_ms']:7.1f} ms", flush=True)
+    return row
 
 
 def kernel_table(gm: GraphModel, label: str, t: int = 1) -> list[dict]:
@@ -165,6 +182,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=".")
     p.add_argument("--models", default=",".join(SHAPES))
     p.add_argument("--quick", action="store_true", help="fused and compiled forwards only (no eager graphs)")
+    p.add_argument("--prefill-only", action="store_true", help="only part 4, the prefill paths")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gpu_decode.py needs a CUDA GPU (this machine has none)")
@@ -173,6 +191,9 @@ def main(argv=None) -> None:
     for name in args.models.split(","):
         cfg = SHAPES[name]
         print(f"{name}:", flush=True)
+        if args.prefill_only:
+            result["prefill"][name] = prefill_times(cfg)
+            continue
         model = random_model(cfg)
         gms = forwards(model, args.quick)
         entry = {"check": check(model, gms), "replay": replay_times(model, gms),

@@ -156,7 +156,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, mask: Tensor | None) -> Tensor:
         cfg = self.config
         batch, seq, _ = x.shape
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -168,11 +168,14 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = self.kv_cache.update(input_pos, k, v)  # [B, S, kv, hd]
+        if mask is None:  # `run_layers(causal_prefix=True)`: rows 0..T-1 in slots 0..T-1, causal among themselves
+            keys, values = keys[:, :seq], values[:, :seq]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             keys.transpose(1, 2),
             values.transpose(1, 2),
             attn_mask=mask,
+            is_causal=mask is None,
             enable_gqa=cfg.num_kv_heads != cfg.num_heads,
         )  # [B, H, T, hd]
         return self.wo(out.transpose(1, 2).reshape(batch, seq, q_size))
@@ -200,7 +203,7 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, mask: Tensor | None) -> Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin, input_pos, mask)
         return x + self.feed_forward(self.ffn_norm(x))
 
@@ -277,13 +280,17 @@ class Transformer(nn.Module):
         return self.logits(x)
 
     def run_layers(self, x: Tensor, input_pos: Tensor, slots: Tensor | None = None,
-                   mask: Tensor | None = None) -> Tensor:
+                   mask: Tensor | None = None, causal_prefix: bool = False) -> Tensor:
         """The decoder layers on input vectors x [B, T, D] (`forward`'s embeddings, or a feature head's fused
-        inputs, dfvg.feature_head) -> the last layer's output [B, T, D], before the final norm."""
+        inputs, dfvg.feature_head) -> the last layer's output [B, T, D], before the final norm.
+
+        causal_prefix: the rows are positions 0..T-1 (a prompt from its start), so attention reads only the
+        first T cache slots, causally, instead of the whole cache under a mask: a long prompt then takes a
+        fused (flash) attention kernel and its arithmetic does not depend on the cache's size."""
         dtype = x.dtype
         cos = self.rope_cos[input_pos].to(dtype).unsqueeze(2)  # [B, T, 1, hd]
         sin = self.rope_sin[input_pos].to(dtype).unsqueeze(2)
-        if mask is None:
+        if mask is None and not causal_prefix:
             cache_slots = torch.arange(self.max_seq_len, device=input_pos.device)
             mask = (cache_slots[None, None, :] <= input_pos[:, :, None]).unsqueeze(1)  # [B, 1, T, S]
         write_at = input_pos if slots is None else slots

@@ -232,3 +232,35 @@ def test_device_batch_equals_plain_decoding_per_row(pair, k):
     assert list(engine.device_rows) == [(id(drafters[0]), k, len(prompts))]  # the device path ran
     if k:
         assert len({len(r.steps) for r in results}) > 1  # rows accepted different numbers of drafts
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_long_prompt_prefills_in_one_causal_pass_like_the_chunked_feed(arch, monkeypatch):
+    """A prompt of `LONG_PROMPT` tokens or more on the fused path runs in one eager pass whose attention reads
+    only the prompt's own slots (`run_layers(causal_prefix=True)`). Here the path is forced on a CPU model
+    (the fused flag set, LONG_PROMPT lowered): the cache and the written features must be what the chunked feed
+    writes (fp32, different kernels: within 1e-4), for caches of two sizes, and the next token's logits too."""
+    import dfvg.gpu.graphs as graphs
+
+    model = tiny(arch, 1)
+    tokens = torch.randint(0, 96, (40,)).tolist()
+    with torch.inference_mode():
+        model.setup_cache(1, 64)
+        want_logits = model.feed(tokens, 0)[-1]
+        want_store = model.kv_store[:, :, :, :40].clone()
+        want_features = model.norm(model.run_layers(model.embed(torch.tensor([tokens])), torch.arange(40)[None])[0])
+    monkeypatch.setattr(graphs, "LONG_PROMPT", 32)
+    for cache in (48, 200):
+        gm = GraphModel(model, compile_blocks=False)
+        gm.ensure_cache(cache)
+        gm.keep_features()
+        gm.fused = True  # the path a CUDA model takes; nothing below launches a fused kernel
+        monkeypatch.setattr(graphs, "graph_prefill", lambda *a: pytest.fail("a long prompt took the chunked path"))
+        gm.prefill(tokens[:-1])
+        gm.fused = False
+        with torch.inference_mode():
+            got_logits = gm.forward(torch.tensor([tokens[-1:]]), torch.tensor([39]))[-1]
+        assert torch.allclose(model.kv_store[:, :, :, :40], want_store, atol=1e-4)
+        assert torch.allclose(gm.features[:40], want_features, atol=1e-4)
+        assert torch.allclose(got_logits, want_logits, atol=1e-4)
+        assert int(got_logits.argmax()) == int(want_logits.argmax())

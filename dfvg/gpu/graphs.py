@@ -133,8 +133,16 @@ class GraphModel:
     @torch.inference_mode()
     def prefill(self, tokens: list[int]) -> None:
         """Feed a prompt from position 0: `graph_prefill` chunks with fused layers, else one eager feed
-        (a T = 16 compiled-block graph would not pay for its compilation)."""
-        if self.fused:
+        (a T = 16 compiled-block graph would not pay for its compilation). A prompt of `LONG_PROMPT` tokens or
+        more on the fused path runs eagerly in one pass (cuBLAS GEMMs over all its rows, causal attention over
+        its own slots): every 64-row chunk re-streams the weights, so a 2k-token prompt would be 32 weight
+        passes. Both paths' K/V are independent of the cache size, and plain and speculative decoding share
+        the prefill, so their outputs stay equal."""
+        if self.fused and len(tokens) >= LONG_PROMPT:
+            pos = torch.arange(len(tokens), device=self.device)
+            ids = torch.tensor([tokens], device=self.device)
+            self._write_features(self.model.run_layers(self.model.embed(ids), pos[None], causal_prefix=True)[0], pos)
+        elif self.fused:
             graph_prefill(self, tokens)
         elif self.features is not None:  # eager too, and its rows' features written as every pass writes them
             pos = torch.arange(len(tokens), device=self.device)
@@ -278,6 +286,7 @@ def token_graph(gm: GraphModel, tokens: list[int], start_pos: int, last_only: bo
 
 
 PREFILL_CHUNK = fused.MAX_ROWS  # prompt tokens per graph replay in `graph_prefill`
+LONG_PROMPT = 512  # prompts this long prefill in one eager pass (`GraphModel.prefill`; estimated, not measured)
 
 
 def graph_prefill(gm: GraphModel, tokens: list[int], start_pos: int = 0) -> None:
