@@ -397,16 +397,17 @@ def test_a_target_that_kept_packed_gguf_modules_is_not_saved(tmp_path):
 
 def test_tree_step_counts_the_trees_extra_launches_on_a_cpu(tmp_path, capsys):
     """benchmarks/tree_step.py's CPU smoke run: every step replays, the chain comes first, a tree dispatches
-    more ops than the chain (its bookkeeping) but not the 4 per layer that compaction took before kv_store."""
+    more ops than the chain (its bookkeeping) but not the 4 per layer that compaction took before kv_store,
+    and no more than the lean bookkeeping's (+54 and +37 here; +98 and +94 before its index ranges became
+    constants and slots one add)."""
     from benchmarks.tree_step import main
 
     main(["--device", "cpu", "--tiny", "--trees", "dynamic:3 2,1", "--k", "2", "--out", str(tmp_path)])
     rows = json.loads((tmp_path / "tree_step.json").read_text())["rows"]
     assert [r["step"] for r in rows] == ["chain k=2", "tree dynamic:3 depth 2", "tree 2,1 depth 2"]
-    layers = 28  # the tiny shapes keep the target's layer count
     ops = [{k["kernel"]: k["per_step"] for k in row["kernels"]} for row in rows]
-    for tree, per_step in zip(rows[1:], ops[1:], strict=True):
-        assert 0 < tree["extra_launches_over_chain"] < 4 * layers
+    for tree, per_step, lean in zip(rows[1:], ops[1:], (54, 37), strict=True):
+        assert 0 < tree["extra_launches_over_chain"] <= lean + 10  # slack for another torch's op split
         for op in ("index_copy_", "index_select"):  # compaction: 2 x 28 of each before kv_store, 1 now
             assert per_step[op] - ops[0].get(op, 0) <= 2
     with pytest.raises(SystemExit):

@@ -88,7 +88,11 @@ def tree_room(spec: TreeSpec, draft_length: int) -> int:
 
 
 class TreeBuffers:
-    """The step's static device tensors: committed history and root (state), candidates, the record."""
+    """The step's static device tensors: committed history and root (state), candidates, the record, and the
+    step's constants (index ranges and the root's frontier made once: a replay launches no arange for them).
+
+    Candidate i sits in cache slot `root + 1 + i` and the root is candidate -1, so `root + 1 + c` is the slot
+    of any candidate or of the root: one add per slot tensor, no select."""
 
     def __init__(self, shape: TreeShape, device: torch.device):
         d, m, long = shape.depth, shape.candidates, torch.long
@@ -100,14 +104,20 @@ class TreeBuffers:
         self.ancestors = torch.zeros(m, max(d, 1), dtype=long, device=device)  # candidate index per depth, -1 pad
         self.depths = torch.tensor([lvl + 1 for lvl in range(d) for _ in range(shape.made(lvl))], device=device)
         self.record = torch.zeros(2 + d + shape.keep, dtype=long, device=device)  # n, next, path, tree tokens
-        self.predicted: Tensor | None = None  # a feature head's f^ per candidate [M, H] (`FeatureFeeder`)
-        self.root_predicted: Tensor | None = None  # and the root's [1, H]
-
-
-def slots_of(candidates: Tensor, root: Tensor, index: Tensor | None = None) -> Tensor:
-    """Cache slots of candidate indices (-1: the root), after optional renumbering by `index`."""
-    numbered = candidates if index is None else index[candidates.clamp(min=0)]
-    return torch.where(candidates < 0, root, root + 1 + numbered)
+        # a feature head's f^ (`FeatureFeeder`): row 0 the root's, row 1 + i candidate i's, so a node's parent's
+        # row is its parent index + 1, the root's included
+        self.predicted_rows: Tensor | None = None
+        # constants
+        self.candidate_ids = torch.arange(m, device=device)  # the nodes a level makes: a slice of it
+        self.steps = torch.arange(d + 1, device=device)
+        self.catch_up = self.steps - d  # the draft refeeds positions root - D .. root
+        self.kept_rows = torch.arange(shape.keep + 1, device=device)  # kept node i verifies in row i + 1
+        self.level_pos = torch.arange(d, device=device)[:, None].expand(d, max(shape.frontier)).contiguous()
+        self.root_frontier = torch.full((1,), -1, dtype=long, device=device)
+        self.root_scores = torch.ones(1, device=device)
+        self.root_ancestors = torch.full((1, max(d, 1)), -1, dtype=long, device=device)
+        self.root_match = torch.ones(1, dtype=torch.bool, device=device)  # acceptance's entry for the -1 pad
+        self.renumbered = torch.zeros(m + 1, dtype=long, device=device)  # 1 + candidate -> kept index, or -1
 
 
 class TokenFeeder:
@@ -133,101 +143,99 @@ class FeatureFeeder:
 
     def catch_up(self, buf: TreeBuffers, pos: Tensor) -> Tensor:
         logits, predicted = head_rows(self.head, self.gm, buf.history, self.target.features[pos - 1], pos)
-        buf.root_predicted.copy_(predicted)
+        buf.predicted_rows[:1].copy_(predicted)
         return logits
 
     def feed(self, buf: TreeBuffers, frontier: Tensor, pos: Tensor, rows: TreeRows) -> Tensor:
-        parents = buf.parents[frontier]
-        features = torch.where((parents < 0)[:, None], buf.root_predicted, buf.predicted[parents.clamp(min=0)])
+        features = buf.predicted_rows[buf.parents[frontier] + 1]
         logits, predicted = head_rows(self.head, self.gm, buf.tokens[frontier], features, pos, rows, False)
-        buf.predicted[frontier] = predicted.to(buf.predicted.dtype)
+        buf.predicted_rows[frontier + 1] = predicted.to(buf.predicted_rows.dtype)
         return logits
 
 
-def grow(feeder: TokenFeeder | FeatureFeeder, shape: TreeShape, buf: TreeBuffers, vocab: int) -> None:
-    """Steps 1-2 of the module docstring: fill the candidate buffers from the draft."""
-    d, root, dev = shape.depth, buf.root, buf.root.device
-    logits = feeder.catch_up(buf, root - d + torch.arange(d + 1, device=dev))
-    frontier = torch.full((1,), -1, dtype=torch.long, device=dev)
-    scores, ancestors = torch.ones(1, device=dev), torch.full((1, max(d, 1)), -1, dtype=torch.long, device=dev)
+def grow(feeder: TokenFeeder | FeatureFeeder, shape: TreeShape, buf: TreeBuffers, vocab: int) -> Tensor:
+    """Steps 1-2 of the module docstring: fill the candidate buffers from the draft. Returns root + 1, the slot
+    of candidate 0 (`TreeBuffers`), for `verify`."""
+    d, root = shape.depth, buf.root
+    first = root + 1
+    logits = feeder.catch_up(buf, root + buf.catch_up)
+    frontier, scores, ancestors = buf.root_frontier, buf.root_scores, buf.root_ancestors
     for level, count in enumerate(shape.children):
         probs, tokens = torch.softmax(logits[:, :vocab].float(), -1).topk(count, dim=-1)  # [F, c]
-        base, made = shape.offset(level), shape.made(level)
-        new = torch.arange(base, base + made, device=dev)
-        buf.tokens[base : base + made] = tokens.reshape(-1)
-        buf.scores[base : base + made] = (scores[:, None] * probs).reshape(-1)
-        buf.parents[base : base + made] = frontier.repeat_interleave(count)
-        grown = ancestors.repeat_interleave(count, 0)
+        base, made, width = shape.offset(level), shape.made(level), shape.frontier[level]
+        new = buf.candidate_ids[base : base + made]
+        grown = buf.ancestors[base : base + made]  # each new node: its parent's ancestors, then itself
+        buf.tokens[base : base + made].view(width, count).copy_(tokens)
+        torch.mul(scores[:, None], probs, out=buf.scores[base : base + made].view(width, count))
+        buf.parents[base : base + made].view(width, count).copy_(frontier[:, None].expand(width, count))
+        grown.view(width, count, -1).copy_(ancestors[:, None].expand(width, count, ancestors.shape[1]))
         grown[:, level] = new
-        buf.ancestors[base : base + made] = grown
         if level + 1 == d:
             break
-        frontier = new
         if shape.dynamic:
             frontier = base + buf.scores[base : base + made].topk(shape.frontier[level + 1]).indices
-        scores, ancestors = buf.scores[frontier], buf.ancestors[frontier]
-        rows = TreeRows(slots_of(frontier, root), root, slots_of(ancestors, root))
-        pos = (root + level + 1).repeat(frontier.shape[0])  # contiguous: the kernels index it by row
+            scores, ancestors = buf.scores[frontier], buf.ancestors[frontier]
+        else:  # every new node grows: the frontier is the level's range
+            frontier, scores, ancestors = new, buf.scores[base : base + made], grown
+        rows = TreeRows(first + frontier, root, first + ancestors)
+        pos = first + buf.level_pos[level, : frontier.shape[0]]  # contiguous: the kernels index it by row
         logits = feeder.feed(buf, frontier, pos, rows)
+    return first
 
 
-def verify(target: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int) -> None:
+def verify(target: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int, first: Tensor) -> None:
     """Steps 3-5: keep the tree, verify it in one target pass, accept greedily, compact, advance."""
-    d, k, root, dev = shape.depth, shape.keep, buf.root, buf.root.device
-    kept = torch.arange(k, device=dev)
-    if shape.dynamic:
+    d, k, root = shape.depth, shape.keep, buf.root
+    tokens, depths, parents, ancestors = buf.tokens, buf.depths, buf.parents, buf.ancestors
+    if shape.dynamic:  # the `keep` best, parents and ancestors renumbered to kept indices (-1 stays -1)
         kept = torch.sort(buf.scores, descending=True, stable=True).indices[:k].sort().values
-    index = torch.full((shape.candidates,), -1, dtype=torch.long, device=dev)
-    index[kept] = torch.arange(k, device=dev)
-    tokens, depths, parents = buf.tokens[kept], buf.depths[kept], buf.parents[kept]
-    parents = torch.where(parents < 0, -1, index[parents.clamp(min=0)])
-    ancestors = torch.cat([root.expand(1, buf.ancestors.shape[1]), slots_of(buf.ancestors[kept], root, index)])
-    rows = TreeRows(root + torch.arange(k + 1, device=dev), root, ancestors)
+        buf.renumbered.fill_(-1)
+        buf.renumbered[kept + 1] = buf.kept_rows[:k]
+        tokens, depths = tokens[kept], depths[kept]
+        parents, ancestors = buf.renumbered[parents[kept] + 1], buf.renumbered[ancestors[kept] + 1]
+    rows = TreeRows(root + buf.kept_rows, root, torch.cat([root.expand(1, ancestors.shape[1]), first + ancestors]))
     ids = torch.cat([buf.history[-1:], tokens])[None]
     # `forward(tree=rows)`'s arithmetic, keeping the rows for a feature head's features (written below)
     logits, hidden = target.forward_inputs(target.model.embed(ids)[0], torch.cat([root, root + depths]), rows,
                                            last_only=False)
     best = logits[:, :vocab].argmax(-1)  # [K+1]
-    n, path = accept(tokens, parents, depths, best, d)
+    n, path = accept(tokens, parents, ancestors, depths, best, buf)
+    path_rows = torch.cat([buf.kept_rows[:1], path + 1])  # [D + 1]: the root's verify row, then the path's
     if target.features is not None:  # root, then the path (rows past n: positions the next verify rewrites)
-        path_rows = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), 1 + path.clamp(max=k - 1)])
-        target.features.index_copy_(0, root + torch.arange(d + 1, device=dev), target.model.norm(hidden[path_rows]))
+        target.features.index_copy_(0, root + buf.steps, target.model.norm(hidden[path_rows]))
     # gathers, not tensor[0-dim tensor]: that indexing reads the index on the host, which a graph cannot
-    last = torch.where(n > 0, path.gather(0, (n - 1).clamp(min=0)[None]) + 1, 0)  # [1]: the deepest row
-    next_token = best.gather(0, last)  # [1]
-    compact(target, root, path, n, d)
-    steps = torch.arange(d + 1, device=dev)
-    path_tokens = torch.cat([tokens[path.clamp(max=k - 1)], next_token])
-    committed = torch.where(steps < n, path_tokens, next_token)
-    buf.history.copy_(torch.cat([buf.history, committed])[n + 1 + steps])
-    buf.root.add_(n + 1)
+    next_token = best.gather(0, path_rows.gather(0, n[None]))  # [1]: the target's token after the deepest row
+    compact(target, first, path, n, buf.steps[:d])
+    committed = torch.where(buf.steps < n, torch.cat([tokens[path], next_token]), next_token)
+    advance = n + 1
+    buf.history.copy_(torch.cat([buf.history, committed])[advance + buf.steps])
+    buf.root.add_(advance)
     buf.record.copy_(torch.cat([n[None], next_token, path, tokens]))
 
 
-def accept(tokens: Tensor, parents: Tensor, depths: Tensor, best: Tensor, depth: int) -> tuple[Tensor, Tensor]:
-    """Greedy tree acceptance on the device: a node is accepted when its parent is and the target's argmax
-    after the parent is its token (siblings are distinct, so the accepted nodes form one path).
+def accept(tokens: Tensor, parents: Tensor, ancestors: Tensor, depths: Tensor, best: Tensor,
+           buf: TreeBuffers) -> tuple[Tensor, Tensor]:
+    """Greedy tree acceptance on the device: a node is accepted when its token is the target's argmax after
+    its parent and the same holds for every ancestor (siblings are distinct, so the accepted nodes form one
+    path). ancestors [K, D]: each node's ancestors by depth, itself at its own, -1 past it.
     Returns (n, path [D]: the accepted node at depth j + 1, for j < n)."""
-    match = tokens == best[parents + 1]
-    accepted = match & (parents < 0)
-    for _ in range(depth - 1):
-        accepted = match & torch.where(parents < 0, True, accepted[parents.clamp(min=0)])
+    depth = ancestors.shape[1]
+    match = torch.cat([buf.root_match, tokens == best[parents + 1]])  # entry 0 answers the -1 pad
+    accepted = match[ancestors + 1].all(-1)
     path = torch.zeros(depth + 1, dtype=torch.long, device=tokens.device)
-    path.scatter_(0, torch.where(accepted, depths - 1, depth), torch.arange(tokens.shape[0], device=tokens.device))
+    path.scatter_(0, torch.where(accepted, depths - 1, depth), buf.kept_rows[: tokens.shape[0]])
     return accepted.sum(), path[:depth]
 
 
-def compact(target: GraphModel, root: Tensor, path: Tensor, n: Tensor, depth: int) -> None:
+def compact(target: GraphModel, first: Tensor, path: Tensor, n: Tensor, steps: Tensor) -> None:
     """Move the accepted nodes' K/V from their tree slots to root + 1.. (their positions); the rest move onto
-    themselves (`dfvg.tree.move_slots` on the one sequence's cache row)."""
-    steps = torch.arange(depth, device=root.device)
-    move_slots(target.model, root + 1 + torch.where(steps < n, path, steps), root + 1 + steps, slice(0, 1))
+    themselves (`dfvg.tree.move_slots` on the one sequence's cache row). steps: 0..D-1."""
+    move_slots(target.model, first + torch.where(steps < n, path, steps), first + steps, slice(0, 1))
 
 
 def tree_body(target: GraphModel, feeder: TokenFeeder | FeatureFeeder, shape: TreeShape, buf: TreeBuffers,
               vocab: int) -> Tensor:
-    grow(feeder, shape, buf, vocab)
-    verify(target, shape, buf, vocab)
+    verify(target, shape, buf, vocab, grow(feeder, shape, buf, vocab))
     return buf.record
 
 
@@ -264,9 +272,8 @@ class DeviceTreeStep:
         if isinstance(self.drafter, GraphFeatureDrafter):
             feeder = FeatureFeeder(self.drafter, self.verifier.gm)
             head = self.drafter.head  # f^ kept in the head's dtype, as the eager tree keeps it
-            self.buf.predicted = torch.zeros(self.shape.candidates, head.target_hidden_size,
-                                             dtype=head.fuse.weight.dtype, device=self.device)
-            self.buf.root_predicted = self.buf.predicted.new_zeros(1, head.target_hidden_size)
+            self.buf.predicted_rows = torch.zeros(self.shape.candidates + 1, head.target_hidden_size,
+                                                  dtype=head.fuse.weight.dtype, device=self.device)
 
         def reset() -> None:
             self.buf.root.fill_(self.depth + 1)  # a head's catch-up reads the features of root - depth - 1
