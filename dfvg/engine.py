@@ -186,6 +186,7 @@ class Engine:
         token-tree speculation (`tree`, dfvg.tree_step)."""
         sampling = sampling or SamplingParams()
         k = k if drafter is not None else 0
+        self._write_features(isinstance(drafter, FEATURE_DRAFTERS))
         if isinstance(drafter, FEATURE_DRAFTERS) and (mode != "sync" or adaptive is not None):
             raise UserError("a feature head drafts in the sync schedule only (it needs the features of the "
                             "block just verified); drop the overlap schedule or the adaptive length")
@@ -215,6 +216,13 @@ class Engine:
         else:
             step = HostStep(self.verifier, guard, sampling, torch.Generator().manual_seed(seed), timeline)
         return decode(step, prompt_ids, max_new_tokens, k=k, eos_ids=eos_ids, context_limit=self.context_limit)
+
+    def _write_features(self, on: bool) -> None:
+        """The graph verifier writes the target's features only while a drafter that reads them decodes: a
+        baseline or standalone draft beside a feature head then replays graphs without the write. (A later head
+        decode prefills its whole context again, so nothing it reads is missing.)"""
+        if isinstance(self.verifier, GraphVerifier):
+            self.verifier.gm.writes_features = on
 
     def _plain_lead_then_tree(self, drafter: Drafter, prompt_ids: list[int], lead: int, max_new_tokens: int, *,
                               k: int, eos_ids: tuple[int, ...] | list[int], sampling: SamplingParams, seed: int,
@@ -252,6 +260,7 @@ class Engine:
         sampling = sampling or SamplingParams()
         if any(isinstance(d, FEATURE_DRAFTERS) for d in drafters):
             raise UserError("a feature head drafts one sequence at a time for now; run it with batch_size 1")
+        self._write_features(False)
         shared = drafters[0] if all(d is drafters[0] for d in drafters) else None
         fits = sampling.greedy and all(fits_device_step(self.verifier, shared, len(p), k) for p in prompts)
         rows = self._device_rows(shared, k, len(prompts)) if fits and (shared is not None or drafters[0] is None) \

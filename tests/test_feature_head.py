@@ -229,6 +229,27 @@ def test_the_graph_verifier_gives_the_eager_verifiers_features(head_dir, setup):
     assert sum(s.num_accepted for s in got.steps) > 0
 
 
+def test_a_plain_decode_beside_a_head_replays_graphs_without_the_feature_write(head_dir, setup, distilled):  # noqa: F811
+    """One engine, one graph verifier, a head attached (as in a `dfvg run` with the head as draft_model): the
+    plain decode and a standalone draft's write no features (their graphs are the plain model's), and the head
+    decoded after them drafts exactly as it did before them."""
+    from dfvg.gpu.graphs import GraphVerifier
+
+    verifier = GraphVerifier(load_model(setup / "target"), compile_blocks=False, cache_len=96)
+    head = make_drafter(head_dir[0], "cpu", torch.float32, VOCAB, verifier=verifier)
+    standalone = make_drafter(distilled[0], "cpu", torch.float32, VOCAB, verifier=verifier)
+    engine, prompt = Engine(verifier), list(PROMPTS[1])
+    first = engine.decode(head, prompt, 24, k=3)
+    assert sum(s.num_accepted for s in first.steps) > 0 and verifier.features.any()
+    verifier.features.zero_()
+    assert engine.decode(None, prompt, 24, k=0).tokens == first.tokens
+    assert engine.decode(standalone, prompt, 24, k=3).tokens == first.tokens
+    assert not verifier.features.any()  # neither wrote a feature
+    again = engine.decode(head, prompt, 24, k=3)
+    assert again.tokens == first.tokens
+    assert [s.num_accepted for s in again.steps] == [s.num_accepted for s in first.steps]
+
+
 def test_a_feature_head_run_stopped_and_resumed_equals_one_run(setup):  # noqa: F811
     """Two leases of --feature-head training (stop, then --resume) export the head of one run; a plain
     draft's checkpoint is not taken for a head's."""

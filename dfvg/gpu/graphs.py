@@ -61,6 +61,7 @@ class GraphModel:
         # final-norm outputs at their positions, inside the captured graphs too (static buffer, static pos).
         self.features: Tensor | None = None
         self.keeps_features = False
+        self.writes_features = True  # off while a draft that reads none decodes (`dfvg.engine.Engine.decode`)
 
     def ensure_cache(self, max_seq_len: int, rows: int = 1) -> None:
         """Allocate (or keep) a cache of `rows` rows of max_seq_len + SCRATCH slots; new buffers invalidate
@@ -83,9 +84,14 @@ class GraphModel:
             weight = self.model.norm.weight
             self.features = torch.zeros(self.cache_len, weight.shape[0], dtype=weight.dtype, device=self.device)
 
+    def graph_key(self, key: tuple) -> tuple:
+        """A graph's cache key: with or without the feature write, so a baseline decoded beside a feature head
+        (one `dfvg run`) replays graphs without it."""
+        return key, self.features is not None and self.writes_features
+
     def _write_features(self, x: Tensor, pos: Tensor) -> None:
         """x [T, D] (the last layer's rows), pos [T]: their final-norm values into `features`, by position."""
-        if self.features is not None:
+        if self.features is not None and self.writes_features:
             self.features.index_copy_(0, pos, self.model.norm(x))
 
     @property
@@ -134,17 +140,17 @@ class GraphModel:
     def prefill(self, tokens: list[int]) -> None:
         """Feed a prompt from position 0: `graph_prefill` chunks with fused layers, else one eager feed
         (a T = 16 compiled-block graph would not pay for its compilation). A prompt of `LONG_PROMPT` tokens or
-        more on the fused path runs eagerly in one pass (cuBLAS GEMMs over all its rows, causal attention over
-        its own slots): every 64-row chunk re-streams the weights, so a 2k-token prompt would be 32 weight
-        passes. Both paths' K/V are independent of the cache size, and plain and speculative decoding share
-        the prefill, so their outputs stay equal."""
+        more on the fused path runs in one eager pass (cuBLAS GEMMs over all rows, causal attention over its
+        own slots): each 64-row chunk re-streams the weights. Both paths' K/V are independent of the cache
+        size, and plain and speculative decoding share the prefill, so their outputs stay equal."""
         if self.fused and len(tokens) >= LONG_PROMPT:
             pos = torch.arange(len(tokens), device=self.device)
             ids = torch.tensor([tokens], device=self.device)
             self._write_features(self.model.run_layers(self.model.embed(ids), pos[None], causal_prefix=True)[0], pos)
         elif self.fused:
             graph_prefill(self, tokens)
-        elif self.features is not None:  # eager too, and its rows' features written as every pass writes them
+        elif self.features is not None and self.writes_features:  # eager, its rows' features written as every
+            # pass writes them
             pos = torch.arange(len(tokens), device=self.device)
             self._write_features(self.model.run_layers(self.model.embed(torch.tensor([tokens], device=self.device)),
                                                        pos[None])[0], pos)
@@ -205,10 +211,10 @@ class GraphModel:
         """
         if self.device.type != "cuda":
             graph = EagerReplay(body)
-            self.graphs[key] = (graph, None)
+            self.graphs[self.graph_key(key)] = (graph, None)
             return graph, None
         graph, out = capture_graph(body, self.device, warmup, before)
-        self.graphs[key] = (graph, out)
+        self.graphs[self.graph_key(key)] = (graph, out)
         return graph, out
 
 
@@ -277,11 +283,10 @@ def token_graph(gm: GraphModel, tokens: list[int], start_pos: int, last_only: bo
     t = len(tokens)
     if start_pos + t > gm.scratch_pos or t > SCRATCH:
         return None
-    key = ("tokens", t, last_only)
-    runner = gm.graphs.get(("runner",) + key)
+    key = gm.graph_key(("runner", t, last_only))
+    runner = gm.graphs.get(key)
     if runner is None:
-        runner = _TokenGraph(gm, t, last_only)
-        gm.graphs[("runner",) + key] = runner
+        runner = gm.graphs[key] = _TokenGraph(gm, t, last_only)
     return runner
 
 
@@ -384,9 +389,10 @@ def verify_greedy(verifier: GraphVerifier, seq: list[int], drafts: list[int]) ->
     gm, rows, start = verifier.gm, len(drafts) + 1, len(seq) - 1
     if rows > VERIFY_ROWS or start + rows > gm.scratch_pos:
         return None
-    runner = gm.graphs.get(("verify-accept-runner", rows))
+    key = gm.graph_key(("verify-accept-runner", rows))
+    runner = gm.graphs.get(key)
     if runner is None:
-        runner = gm.graphs[("verify-accept-runner", rows)] = _VerifyGraph(gm, rows)
+        runner = gm.graphs[key] = _VerifyGraph(gm, rows)
     runner.ids.copy_(torch.tensor([[seq[-1], *drafts]], dtype=torch.long))
     runner.pos.copy_(torch.arange(start, start + rows))
     runner.graph.replay()
