@@ -186,7 +186,7 @@ class Engine:
         token-tree speculation (`tree`, dfvg.tree_step)."""
         sampling = sampling or SamplingParams()
         k = k if drafter is not None else 0
-        self._write_features(isinstance(drafter, FEATURE_DRAFTERS))
+        self._write_features(self._reads_features(drafter))
         if isinstance(drafter, FEATURE_DRAFTERS) and (mode != "sync" or adaptive is not None):
             raise UserError("a feature head drafts in the sync schedule only (it needs the features of the "
                             "block just verified); drop the overlap schedule or the adaptive length")
@@ -216,6 +216,11 @@ class Engine:
         else:
             step = HostStep(self.verifier, guard, sampling, torch.Generator().manual_seed(seed), timeline)
         return decode(step, prompt_ids, max_new_tokens, k=k, eos_ids=eos_ids, context_limit=self.context_limit)
+
+    def _reads_features(self, drafter: Drafter | None) -> bool:
+        """Whether a decode with this drafter may read the target's features: it is a feature head, or a head is
+        among the fallbacks that can take over from it."""
+        return drafter is not None and any(isinstance(d, FEATURE_DRAFTERS) for d in (drafter, *self.fallbacks))
 
     def _write_features(self, on: bool) -> None:
         """The graph verifier writes the target's features only while a drafter that reads them decodes: a
@@ -320,8 +325,10 @@ class Engine:
                     on_tree = tree if drafter is not None else None  # a prompt short for the tree: its plain lead too
                     lead = max(0, device_tree_prompt_len(drafter, tree, k) - len(warm_prompt)) if on_tree else 0
                     self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2 + lead), k=k, tree=on_tree)
-        if isinstance(self.verifier, GraphVerifier):
-            self.verifier.prepare(k_max + 1)
+        if isinstance(self.verifier, GraphVerifier):  # the verify graphs with and without the feature write
+            for on in sorted({self._reads_features(d) for d in drafters}):
+                self._write_features(on)
+                self.verifier.prepare(k_max + 1)
         for drafter in self.drafters:
             if isinstance(drafter, GraphDrafter):
                 drafter.prepare(k_max + 1)  # overlap drafts k + 1 (the bonus guess first)

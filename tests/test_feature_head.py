@@ -250,6 +250,28 @@ def test_a_plain_decode_beside_a_head_replays_graphs_without_the_feature_write(h
     assert [s.num_accepted for s in again.steps] == [s.num_accepted for s in first.steps]
 
 
+def test_features_are_written_where_a_head_may_take_over_and_warm_up_prepares_both_kinds(head_dir, setup,
+                                                                                           distilled):  # noqa: F811
+    """A standalone draft whose fallback is a head writes the features (the head may take over mid-decode and
+    read them); warm-up prepares the verify graphs with and without the write, so neither decode captures one."""
+    from dfvg.gpu.graphs import GraphVerifier
+
+    verifier = GraphVerifier(load_model(setup / "target"), compile_blocks=False, cache_len=96)
+    head = make_drafter(head_dir[0], "cpu", torch.float32, VOCAB, verifier=verifier)
+    standalone = make_drafter(distilled[0], "cpu", torch.float32, VOCAB, verifier=verifier)
+    engine, prompt = Engine(verifier, fallbacks=[head]), list(PROMPTS[1])
+    engine.decode(standalone, prompt, 16, k=3)
+    assert verifier.features.any() and verifier.features_end > 0
+    engine = Engine(verifier)
+    engine.warm_up([head, None], prompt, [3], 16)
+    prepared = set(verifier.gm.graphs)
+    assert {key[1] for key in prepared if key[0][0] == "verify-accept-runner"} == {False, True}
+    engine.decode(head, prompt, 16, k=3)
+    engine.decode(None, prompt, 16, k=0)
+    assert not [key for key in set(verifier.gm.graphs) - prepared if key[0][0].startswith("verify-accept")]
+    assert verifier.features_end == 0  # the plain decode wrote none, and says so
+
+
 def test_a_feature_head_run_stopped_and_resumed_equals_one_run(setup):  # noqa: F811
     """Two leases of --feature-head training (stop, then --resume) export the head of one run; a plain
     draft's checkpoint is not taken for a head's."""

@@ -7,9 +7,7 @@ arguments, not constants) fuses the elementwise work so there are fewer kernels 
 
 What this module owns: `GraphModel` (functional forward + graph capture per input length T over static
 buffers, chunked graph prefill) and `GraphVerifier` (the `Verifier` interface, with a captured
-verify-and-accept); the draft side, `GraphDrafter`, is `dfvg.gpu.graph_drafter`'s. The last `SCRATCH`
-cache slots are scratch space for warm-up and capture: a query at position p only attends to slots <= p,
-and real positions stay below them.
+verify-and-accept); the draft side, `GraphDrafter`, is `dfvg.gpu.graph_drafter`'s.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import verify_on_host
 
-SCRATCH = fused.MAX_ROWS  # cache slots at the end reserved for warm-up and capture (a prefill chunk)
+SCRATCH = fused.MAX_ROWS  # last cache slots: warm-up and capture (a query at p attends to slots <= p only)
 VERIFY_ROWS = min(SCRATCH, MAX_ROWS)  # rows a captured verify-and-accept takes (the acceptance kernel's limit)
 
 
@@ -57,8 +55,8 @@ class GraphModel:
         self._cache_id = None  # bumped whenever the cache tensors change (graphs over the old ones are dropped)
         self._cache_store = lambda: None  # a weak reference: the old store is freed before the new one comes
         self.graphs: dict = {}
-        # With a feature head drafting (dfvg.feature_head): every one-sequence pass also writes its rows'
-        # final-norm outputs at their positions, inside the captured graphs too (static buffer, static pos).
+        # With a feature head drafting (dfvg.feature_head): a one-sequence pass also writes its rows' final-norm
+        # outputs at their positions, inside the captured graphs too (static buffer, static pos).
         self.features: Tensor | None = None
         self.keeps_features = False
         self.writes_features = True  # off while a draft that reads none decodes (`dfvg.engine.Engine.decode`)
@@ -84,14 +82,18 @@ class GraphModel:
             weight = self.model.norm.weight
             self.features = torch.zeros(self.cache_len, weight.shape[0], dtype=weight.dtype, device=self.device)
 
+    @property
+    def writing(self) -> bool:
+        return self.features is not None and self.writes_features
+
     def graph_key(self, key: tuple) -> tuple:
         """A graph's cache key: with or without the feature write, so a baseline decoded beside a feature head
         (one `dfvg run`) replays graphs without it."""
-        return key, self.features is not None and self.writes_features
+        return key, self.writing
 
     def _write_features(self, x: Tensor, pos: Tensor) -> None:
         """x [T, D] (the last layer's rows), pos [T]: their final-norm values into `features`, by position."""
-        if self.features is not None and self.writes_features:
+        if self.writing:
             self.features.index_copy_(0, pos, self.model.norm(x))
 
     @property
@@ -99,10 +101,9 @@ class GraphModel:
         return self.cache_len - SCRATCH
 
     def forward(self, ids: Tensor, pos: Tensor, last_only: bool = False, tree: TreeRows | None = None) -> Tensor:
-        """ids [1, T] long, pos [T] long -> float32 logits [T, V] ([1, V] with last_only). No host sync.
-        tree: the rows are token-tree nodes (`dfvg.gpu.tree_rows`), each in its own cache slot. A tree of more
-        than `fused.MAX_ROWS` rows still takes the fused layers, in chunks (`_fused_forward`), so every node
-        row stays bit for bit the row plain decoding computes."""
+        """ids [1, T] long, pos [T] long -> float32 logits [T, V] ([1, V] with last_only). No host sync. tree:
+        token-tree rows (`dfvg.gpu.tree_rows`); any number take the fused layers (in chunks), so every node row
+        is bit for bit the row plain decoding computes."""
         if self.fused and (ids.shape[1] <= fused.MAX_ROWS or tree is not None):
             return self._fused_forward(ids, pos, last_only, tree)
         return self._block_forward(ids, pos[None], last_only, tree)[0]
@@ -138,22 +139,16 @@ class GraphModel:
 
     @torch.inference_mode()
     def prefill(self, tokens: list[int]) -> None:
-        """Feed a prompt from position 0: `graph_prefill` chunks with fused layers, else one eager feed
-        (a T = 16 compiled-block graph would not pay for its compilation). A prompt of `LONG_PROMPT` tokens or
-        more on the fused path runs in one eager pass (cuBLAS GEMMs over all rows, causal attention over its
-        own slots): each 64-row chunk re-streams the weights. Both paths' K/V are independent of the cache
-        size, and plain and speculative decoding share the prefill, so their outputs stay equal."""
-        if self.fused and len(tokens) >= LONG_PROMPT:
-            pos = torch.arange(len(tokens), device=self.device)
-            ids = torch.tensor([tokens], device=self.device)
-            self._write_features(self.model.run_layers(self.model.embed(ids), pos[None], causal_prefix=True)[0], pos)
-        elif self.fused:
+        """Feed a prompt from position 0: `graph_prefill` chunks with fused layers, else one eager feed (a
+        compiled-block graph would not pay for its compilation). From `LONG_PROMPT` tokens the fused path too
+        runs one eager pass (cuBLAS over all rows, causal attention over its own slots): each 64-row chunk
+        re-streams the weights. K/V do not depend on the cache size; plain and speculative share the prefill."""
+        if self.fused and len(tokens) < LONG_PROMPT:
             graph_prefill(self, tokens)
-        elif self.features is not None and self.writes_features:  # eager, its rows' features written as every
-            # pass writes them
+        elif self.fused or self.writing:  # one eager pass, its rows' features written as every pass writes them
             pos = torch.arange(len(tokens), device=self.device)
-            self._write_features(self.model.run_layers(self.model.embed(torch.tensor([tokens], device=self.device)),
-                                                       pos[None])[0], pos)
+            x = self.model.embed(torch.tensor([tokens], device=self.device))
+            self._write_features(self.model.run_layers(x, pos[None], causal_prefix=self.fused)[0], pos)
         else:
             self.model.feed(tokens, 0, last_only=True)
 
@@ -205,10 +200,8 @@ class GraphModel:
     def capture(self, key, body: Callable[[], Tensor], warmup: int = 2,
                 before: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph | EagerReplay, Tensor]:
         """Warm up body() on a side stream (compiles), then capture it; body must only touch static buffers.
-
         `before` runs ahead of each warm-up, to reset state that body() advances (positions, tokens). On a
-        CPU there are no graphs: the same body runs at every replay (the path CPU tests exercise).
-        """
+        CPU there are no graphs: the same body runs at every replay (the path CPU tests exercise)."""
         if self.device.type != "cuda":
             graph = EagerReplay(body)
             self.graphs[self.graph_key(key)] = (graph, None)
@@ -325,7 +318,16 @@ class GraphVerifier:
         self.device = self.gm.device
         self.vocab_size = model.config.vocab_size
         self.min_cache_len = cache_len
-        self.features_end = 0  # with keep_features: one past the last position whose features were written
+        self._features_end = 0
+
+    @property
+    def features_end(self) -> int:
+        """With keep_features: one past the last position whose features were written (0 while none are)."""
+        return self._features_end if self.gm.writes_features else 0
+
+    @features_end.setter
+    def features_end(self, end: int) -> None:
+        self._features_end = end
 
     @property
     def keep_features(self) -> bool:
@@ -337,9 +339,7 @@ class GraphVerifier:
         if on:
             self.gm.keep_features()
 
-    @property
-    def features(self) -> Tensor | None:
-        return self.gm.features
+    features = property(lambda self: self.gm.features)
 
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
         """Cache of at least `cache_len` slots (graphs survive across prompts); then prompt[:-1]."""
