@@ -24,20 +24,16 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dfvg.download import sha256_file  # noqa: E402  (hashlib only: no torch on this import path)
+
 MANIFEST, FORMAT = "manifest.json", 1
 BLOCK = 1 << 22  # bytes read at a time
 
 
 class PackError(Exception):
     """A one-line reason the stream cannot be packed or unpacked (printed without a traceback)."""
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def sources(pairs: list[str]) -> list[tuple[Path, str]]:
@@ -122,7 +118,7 @@ def check_chunks(chunks: Path, manifest: dict) -> None:
     bad = []
     for chunk in manifest["chunks"]:
         path = chunks / chunk["name"]
-        if not path.is_file() or path.stat().st_size != chunk["size"] or sha256_of(path) != chunk["sha256"]:
+        if not path.is_file() or path.stat().st_size != chunk["size"] or sha256_file(path) != chunk["sha256"]:
             bad.append(chunk["name"])
     if bad:
         raise PackError(f"chunks missing or damaged in {chunks}: {' '.join(bad)} (carry them again)")

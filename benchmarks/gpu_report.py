@@ -159,7 +159,8 @@ def floor_and_identity(runs: dict, meta: dict) -> dict:
                         "provenance": "measured"}
     specs = speculative(runs)
     best_spec = max(specs, key=lambda n: specs[n]["tokens_per_s"]) if specs else None
-    same = {n: identical(r, plain) for n, r in specs.items() if identical(r, plain) is not None}
+    counts = {n: identical(r, plain) for n, r in specs.items()}
+    same = {n: c for n, c in counts.items() if c is not None}
     if same:
         out["prompts_compared"] = len(plain["tokens"])
     if best_spec in same:

@@ -201,8 +201,7 @@ def verify(target: GraphModel, shape: TreeShape, buf: TreeBuffers, vocab: int, f
     best = logits[:, :vocab].argmax(-1)  # [K+1]
     n, path = accept(tokens, parents, ancestors, depths, best, buf)
     path_rows = torch.cat([buf.kept_rows[:1], path + 1])  # [D + 1]: the root's verify row, then the path's
-    if target.features is not None and target.writes_features:  # root, then the path (rows past n: positions
-        # the next verify rewrites)
+    if target.writing:  # root, then the path (rows past n: positions the next verify rewrites)
         target.features.index_copy_(0, root + buf.steps, target.model.norm(hidden[path_rows]))
     # gathers, not tensor[0-dim tensor]: that indexing reads the index on the host, which a graph cannot
     next_token = best.gather(0, path_rows.gather(0, n[None]))  # [1]: the target's token after the deepest row
