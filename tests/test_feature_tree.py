@@ -179,3 +179,29 @@ def test_every_device_tree_is_the_eager_head_tree_there(random_head, spec):  # n
         want = eager.propose(seq, step.depth, SamplingParams(), None)
         assert sorted(outcome.block.tokens) == sorted(want.tokens)
         seq += outcome.block.tokens[: outcome.num_accepted] + [outcome.next_token]
+
+
+def test_after_warm_up_a_prompt_too_short_for_the_tree_captures_nothing(random_head, monkeypatch):  # noqa: F811
+    """Warmed up on a prompt long enough for the device tree, a run still captures its plain lead's graphs then
+    (plain decoding without the feature write): a short prompt later in the run does not pay a capture inside
+    its own time (on the H100, ~100 ms of one ShareGPT prompt's prefill; benchmarks/RESULTS.md 2026-12-05 17:48)."""
+    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graphs import GraphModel, GraphVerifier
+
+    head, root = random_head
+    verifier = GraphVerifier(load_model(root / "target"), compile_blocks=False, fused_layers=False, cache_len=128)
+    drafter = GraphFeatureDrafter(head, verifier, verifier.vocab_size, compile_blocks=False, cache_len=128,
+                                  fused_layers=False)
+    spec, engine = parse_tree_spec("dynamic:6"), Engine(verifier)
+    engine.warm_up([drafter], [5, 17, 33, 8, 2, 41, 7, 9, 11, 13, 21, 3], [3], 16, tree=spec)
+    captured, capture = [], GraphModel.capture
+
+    def counted(gm, key, *args, **kwargs):
+        captured.append(key)
+        return capture(gm, key, *args, **kwargs)
+
+    monkeypatch.setattr(GraphModel, "capture", counted)
+    result = engine.decode(drafter, [5, 17], 16, k=3, tree=spec)
+    assert result.steps[0].num_drafted == 0  # the plain lead ran
+    assert result.tokens == generate(TorchVerifier(load_model(root / "target")), [5, 17], 16).tokens
+    assert captured == []
