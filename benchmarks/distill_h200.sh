@@ -32,6 +32,8 @@ BATCH_SIZE=${BATCH_SIZE:-32}                    # training sequences per step
 FEATURE_HEAD=${FEATURE_HEAD:-0}                 # 1: feature heads (--feature-head, docs/distill.md), named ...-fh;
                                                 # their acceptance is the train log's last line (eval loads plain drafts)
 INIT_FROM=${INIT_FROM-}                         # train: start from this standalone draft (--init-from)
+LR=${LR:-1e-3}                                  # train: peak learning rate (warmup, then cosine to 10 %)
+FEATURE_UNROLL=${FEATURE_UNROLL:-2}             # train, feature heads: passes of the loss (--feature-unroll)
 SUFFIX=${SUFFIX-}                               # appended to the run names (e.g. -more: a control run)
 COMMON=(--target "$TARGET" --device "$DEVICE" --prompts "$PROMPTS" --teacher-cache "$RESULTS/teacher"
         --val-fraction 0.1 --test-fraction 0.25 --max-prompt-tokens 256 --max-new-tokens 128 --teacher-top-k 32
@@ -70,10 +72,10 @@ stage_train() {  # resumable: run it again in the next lease until the log's las
         IFS=: read -r l d v <<<"$shape"
         local ckpt="$RESULTS/ckpt-$(name_of "$shape")" resume=() head=() init=()
         [ -f "$ckpt/checkpoint.json" ] && resume=(--resume "$ckpt")
-        [ "$FEATURE_HEAD" = 1 ] && head=(--feature-head)
+        [ "$FEATURE_HEAD" = 1 ] && head=(--feature-head --feature-unroll "$FEATURE_UNROLL")
         [ -n "$INIT_FROM" ] && init=(--init-from "$INIT_FROM")
         python scripts/distill_draft.py "${COMMON[@]}" --output "$RESULTS/$(name_of "$shape")" --layers "$l" \
-            --hidden "$d" --vocab-top "$v" --steps "$STEPS" --batch-size "$BATCH_SIZE" --lr 1e-3 --init target-pca \
+            --hidden "$d" --vocab-top "$v" --steps "$STEPS" --batch-size "$BATCH_SIZE" --lr "$LR" --init target-pca \
             --checkpoint-dir "$ckpt" --checkpoint-every 200 --time-budget "${TIME_BUDGET:-420}" "${resume[@]}" "${head[@]}" "${init[@]}" \
             | tee -a "$RESULTS/$(name_of "$shape").log"
     done

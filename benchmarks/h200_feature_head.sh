@@ -25,13 +25,16 @@
 # With HEAD, MORE_STEPS=N then trains that head N more steps (--init-from it: the run starts as exactly that
 # head, keeps its head vocabulary, and regenerates the teacher data of step 1 first; PROMPT_DIR holds the
 # prompt files when they were carried in an earlier call) and times the result the same way, as H2 ($out/h2).
+# MORE_ALT="LR=3e-4 FEATURE_UNROLL=4" (distill_h200.sh's settings) trains a second candidate H2b the same way;
+# the validation split chooses between them ($out/chosen.txt, both recipes in $out), and only that one is timed.
+# Measured on an H100: the teacher data 7 min, 2,000 head steps 410 s, each timing 2-3 min.
 # TRAIN_FIRST=1 trains before any timing, then times H2 and HEAD, each with HELDOUT (no FPGA phase, no probe).
 # TREES (default "dynamic:16 dynamic:40") are the tree shapes the first timing adds for the draft and the head.
 # With HEAD, after the first timing, gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath
 # (emulated on the GPU, sync, k = 4, 5 prompts): its schedule measured, projected onto the U280 model (fpga.json),
 # and benchmarks/feature_head_probe.py splits the head's prefill and profiles a request.
-# DEEP_TREES="dynamic:40 ..." (without HEAD) times those shapes again at depth DEEP_DEPTH (default 6; chains at that
-# k too) on the HumanEval prompts, before HELDOUT.
+# DEEP_TREES="dynamic:40 ..." times those shapes again at depth DEEP_DEPTH (default 6; chains at that k too) on the
+# HumanEval prompts, before HELDOUT: for the head trained here, without HEAD, or H2, with MORE_STEPS.
 # HELDOUT="a.json b.json" times the head the same way on each of those prompt files (held-out prompts of other
 # sources: feature_head_fpga.py --write-prompts; with HELDOUT_TREES, default dynamic:16).
 # Acceptance tables are the training runs' last log lines and their distill_recipe.json (validation chooses;
@@ -64,6 +67,11 @@ time_heldout() {  # head folder[, tag]: HELDOUT's prompt files, one run each
       || echo "timing on $file failed (its log says why)"
   done
 }
+time_deep() {  # head folder, log name: DEEP_TREES at depth DEEP_DEPTH (chains at that k too), when set
+  if [ -n "${DEEP_TREES:-}" ]; then
+    time_head "$1" "$2" "$DEEP_TREES" .chunks/prompts.json "${DEEP_DEPTH:-6}" || echo "the deep trees failed (their log says why)"
+  fi
+}
 gpu_tests() {
   [ "${GPU_TESTS:-0}" = 1 ] || return 0
   python3 -m pytest -q -m gpu tests/test_feature_head.py tests/test_feature_device_step.py tests/test_feature_tree.py \
@@ -88,13 +96,30 @@ bring_back() {  # trained head folder, name under $out: what comes back from the
   sha256sum "$1"/*.safetensors > "$out/$2/sha256.txt"
   echo "TRAINED $2 ($(date -u +%T))"
 }
-more() {  # MORE_STEPS more steps of $HEAD (H2), timed with the same prompts and trees as $HEAD
+more() {  # MORE_STEPS more steps of $HEAD (H2), timed with the same prompts and trees as $HEAD; with MORE_ALT,
+  # also H2b (the same steps with MORE_ALT's settings), and the one with the higher validation τ at k = 4 is timed
   echo "== prepare teacher ($(date -u +%T))"
   bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
   train l4-d512-v32768-fh2 FEATURE_HEAD=1 SUFFIX=2 INIT_FROM="$HEAD" STEPS="$MORE_STEPS"
-  bring_back "$RESULTS/l4-d512-v32768-fh2" h2
-  time_head "$RESULTS/l4-d512-v32768-fh2" gpu_speed_fh2 "${TREES-dynamic:16 dynamic:40}"
-  time_heldout "$RESULTS/l4-d512-v32768-fh2" h2
+  local chosen=l4-d512-v32768-fh2
+  if [ -n "${MORE_ALT:-}" ]; then
+    # shellcheck disable=SC2086  # MORE_ALT is a list of VAR=value words
+    train l4-d512-v32768-fh2b FEATURE_HEAD=1 SUFFIX=2b INIT_FROM="$HEAD" STEPS="$MORE_STEPS" $MORE_ALT \
+      || echo "H2b failed (its log says why); H2 goes on"
+    chosen=$(python3 - "$RESULTS" l4-d512-v32768-fh2 l4-d512-v32768-fh2b <<'PY' | tee "$out/chosen.txt"
+import json, pathlib, sys
+# validation chooses (the test split is only reported): the higher replayed τ at k = 4; a run that did not finish loses
+def tau(name):
+    recipe = pathlib.Path(sys.argv[1], name, "distill_recipe.json")
+    return json.loads(recipe.read_text())["acceptance_after"]["4"]["mean_accepted_length"] if recipe.exists() else 0.0
+print(max(sys.argv[2:], key=tau))
+PY
+)
+  fi
+  bring_back "$RESULTS/$chosen" h2
+  time_head "$RESULTS/$chosen" gpu_speed_fh2 "${TREES-dynamic:16 dynamic:40}"
+  time_deep "$RESULTS/$chosen" gpu_speed_fh2_deep
+  time_heldout "$RESULTS/$chosen" 2
 }
 if [ -n "${HEAD:-}" ]; then
   compgen -G "$HEAD/model.safetensors.part*" >/dev/null && cat "$HEAD"/model.safetensors.part* > "$HEAD/model.safetensors"
@@ -132,8 +157,7 @@ bring_back "$RESULTS/l4-d512-v32768-fh" h
 # stay on the device empty: test for its config, not the folder)
 [ -f "$draft/config.json" ] || draft=$base
 time_head "$RESULTS/l4-d512-v32768-fh" gpu_speed_fh "${TREES-dynamic:16 dynamic:40}" || echo "timing the head failed (its log says why)"
-[ -n "${DEEP_TREES:-}" ] && { time_head "$RESULTS/l4-d512-v32768-fh" gpu_speed_fh_deep "$DEEP_TREES" .chunks/prompts.json \
-  "${DEEP_DEPTH:-6}" || echo "the deep trees failed (their log says why)"; }
+time_deep "$RESULTS/l4-d512-v32768-fh" gpu_speed_fh_deep
 time_heldout "$RESULTS/l4-d512-v32768-fh"
 gpu_tests
 echo DONE
