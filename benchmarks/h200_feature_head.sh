@@ -27,7 +27,9 @@
 # prompt files when they were carried in an earlier call) and times the result the same way, as H2 ($out/h2).
 # MORE_ALT="LR=3e-4 FEATURE_UNROLL=4" (distill_h200.sh's settings) trains a second candidate H2b the same way;
 # the validation split chooses between them ($out/chosen.txt, both recipes in $out), and only that one is timed.
-# Measured on an H100: the teacher data 7 min, 2,000 head steps 410 s, each timing 2-3 min.
+# Measured on an H100: the teacher data 7 min, 2,000 head steps 410 s, each timing 2-3 min; a lease holds 30 min
+# with the chunks' transfer, so MORE_ALT with MORE_STEPS=1500 fits with one timing (no DEEP_TREES, no HELDOUT),
+# and HEAD's own timing, last, is the first thing lost.
 # TRAIN_FIRST=1 trains before any timing, then times H2 and HEAD, each with HELDOUT (no FPGA phase, no probe).
 # TREES (default "dynamic:16 dynamic:40") are the tree shapes the first timing adds for the draft and the head.
 # With HEAD, after the first timing, gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath
@@ -101,7 +103,10 @@ more() {  # MORE_STEPS more steps of $HEAD (H2), timed with the same prompts and
   echo "== prepare teacher ($(date -u +%T))"
   bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
   train l4-d512-v32768-fh2 FEATURE_HEAD=1 SUFFIX=2 INIT_FROM="$HEAD" STEPS="$MORE_STEPS"
-  local chosen=l4-d512-v32768-fh2
+  local chosen=l4-d512-v32768-fh2 word
+  for word in ${MORE_ALT:-}; do  # env assignments only (a flag would become env's option or its command)
+    [[ $word =~ ^[A-Z_][A-Z0-9_]*=[^*?]*$ ]] || { echo "error: MORE_ALT word '$word' is not NAME=value" >&2; return 2; }
+  done
   if [ -n "${MORE_ALT:-}" ]; then
     # shellcheck disable=SC2086  # MORE_ALT is a list of VAR=value words
     train l4-d512-v32768-fh2b FEATURE_HEAD=1 SUFFIX=2b INIT_FROM="$HEAD" STEPS="$MORE_STEPS" $MORE_ALT \
@@ -116,6 +121,8 @@ print(max(sys.argv[2:], key=tau))
 PY
 )
   fi
+  chosen=${chosen:-l4-d512-v32768-fh2}  # the chooser failed: H2
+  [ -f "$RESULTS/$chosen/model.safetensors" ] || { echo "no trained H2 ($RESULTS/$chosen): nothing to time" >&2; return 1; }
   bring_back "$RESULTS/$chosen" h2
   time_head "$RESULTS/$chosen" gpu_speed_fh2 "${TREES-dynamic:16 dynamic:40}"
   time_deep "$RESULTS/$chosen" gpu_speed_fh2_deep

@@ -327,8 +327,9 @@ class Engine:
                     self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2 + lead), k=k, tree=on_tree)
                     if on_tree and lead == 0:  # a later prompt may be short: its plain lead's graphs now too
                         self.decode(None, warm_prompt[:2], 2, k=0)
-        if isinstance(self.verifier, GraphVerifier):  # the verify graphs with and without the feature write
-            for on in sorted({self._reads_features(d) for d in drafters}):
+        if isinstance(self.verifier, GraphVerifier):  # the verify graphs with and without the feature write (a
+            # tree's plain lead writes none: a one-token prompt's lead verifies on the host step)
+            for on in sorted({self._reads_features(d) for d in drafters} | ({False} if tree is not None else set())):
                 self._write_features(on)
                 self.verifier.prepare(k_max + 1)
         for drafter in self.drafters:

@@ -186,11 +186,21 @@ def test_fpga_draft_device_overlap_is_projected(tiny_pair, tmp_path):
     assert overlap["acceptance"]["output_match_rate"]["value"] == 1.0
 
 
-def test_tree_runs_on_the_speculative_and_fpga_variants(tiny_pair, tmp_path):
+def test_tree_runs_on_the_speculative_and_fpga_variants(tiny_pair, tmp_path, monkeypatch):
+    from dfvg.engine import Engine
     from dfvg.host.experiments import run_experiments
 
-    raw = tiny_config(tiny_pair, tmp_path, num_runs=1, tree="2,2,1", variants=["baseline", "speculative", "fpga"])
+    warmed_trees, warm_up = [], Engine.warm_up
+
+    def recorded(engine, *args, **kwargs):  # the run's warm-up knows the tree (it captures a short prompt's lead)
+        warmed_trees.append(kwargs.get("tree"))
+        return warm_up(engine, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "warm_up", recorded)
+    raw = tiny_config(tiny_pair, tmp_path, num_runs=1, tree="2,2,1", variants=["baseline", "speculative", "fpga"],
+                      warmup=True)
     summary = json.loads((run_experiments(raw) / "performance_summary.json").read_text())
+    assert [spec.label() for spec in warmed_trees] == ["2,2,1"]
     for name in ("speculative", "fpga"):
         entry = summary["variants"][name]
         assert entry["acceptance"]["output_match_rate"]["value"] == 1.0, name

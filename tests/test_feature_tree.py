@@ -202,6 +202,7 @@ def test_after_warm_up_a_prompt_too_short_for_the_tree_captures_nothing(random_h
 
     monkeypatch.setattr(GraphModel, "capture", counted)
     result = engine.decode(drafter, [5, 17], 16, k=3, tree=spec)
-    assert result.steps[0].num_drafted == 0  # the plain lead ran
+    assert result.steps[0].num_drafted == 0 and result.steps[-1].num_drafted > 0  # the plain lead, then the tree
     assert result.tokens == generate(TorchVerifier(load_model(root / "target")), [5, 17], 16).tokens
+    engine.decode(drafter, [5], 16, k=3, tree=spec)  # one token: its lead verifies on the host step
     assert captured == []

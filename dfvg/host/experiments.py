@@ -133,7 +133,7 @@ def warm_up(plans_: list[Plan], ctx: Context) -> float:
     drafters = list({id(d): d for d in (drafter_of(p, ctx) for p in plans_)}.values())
     longest = reserve(plans_, ctx)
     seconds = ctx.engine.warm_up(drafters, longest, largest_k(plans_, ctx), ctx.cfg.max_new_tokens,
-                                 batch=max_batch_size(ctx.cfg))
+                                 batch=max_batch_size(ctx.cfg), tree=ctx.cfg.tree)
     start = time.perf_counter()
     shapes = {(plan.name, min(batch_size_of(plan, ctx.cfg), end - first)): plan  # each (variant, group size)
               for plan, first, end in schedule(plans_, ctx.cfg, len(ctx.prompts))}
