@@ -10,7 +10,9 @@
 #        rows x contexts, invariance, cuBLAS; then benchmarks/draft_block.py: the distilled draft's block with the
 #        shipped block sizes against linear_config's split-K (it has not run in its committed form yet), and
 #        benchmarks/tree_step.py: the chain and tree steps' time and kernels side by side (random weights), and
-#        gpu_decode.py --prefill-only: 64-row graph chunks against one causal pass, 150..8,192-token prompts;
+#        gpu_decode.py --prefill-only: 64-row graph chunks against one causal pass, 150..8,192-token prompts, and
+#        benchmarks/ncu_step.py: every kernel of the one-row step under Nsight Compute (hardware counters: they
+#        read on the Firecracker H100s, not on the gVisor H200s, where it stops with ncu's message);
 #   bash benchmarks/h200_lease.sh pair CHUNKS OUT     # after device_pack.py's chunks arrived (h200_weights.sh):
 #     3. waits for part 1 (one GPU: timings must not overlap);
 #     4. gpu_speed --phases dfvg --ks 4 with TREES' shapes (default "dynamic:15 4,2,1,1"): DFVG plain, chain and
@@ -53,6 +55,7 @@ if [ "$part" = kernels ]; then
   timeout 300 python3 benchmarks/draft_block.py --out "$out/draft_block" 2>&1 | tee "$out/draft_block.log" || true
   timeout 300 python3 benchmarks/tree_step.py --out "$out/tree_step" 2>&1 | tee "$out/tree_step.log" || true
   timeout 300 python3 benchmarks/gpu_decode.py --prefill-only --out "$out/prefill" 2>&1 | tee "$out/prefill.log" || true
+  timeout 300 python3 benchmarks/ncu_step.py --rows 1 --kernels 0 --out "$out/ncu" 2>&1 | tee "$out/ncu.log" || true
   echo KERNELS_DONE
   exit 0
 fi

@@ -1,0 +1,57 @@
+"""benchmarks/ncu_step.py's CPU parts: ncu's raw CSV page read into the per-kernel table, the ncu command it
+runs itself under, and the one-line refusals (no ncu here, bad --rows)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import ncu_step
+
+RAW = '''==PROF== Connected to process 4242 (python3)
+==PROF== Profiling "_linear_kernel": 0%....50%....100% - 38 passes
+"ID","Process ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","dram__bytes_write.sum",\
+"gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed","launch__waves_per_multiprocessor",\
+"launch__shared_mem_per_block_dynamic","launch__shared_mem_per_block_static",\
+"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",\
+"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
+"","","","nsecond","byte","byte","%","","byte","byte","ratio","ratio"
+"0","4242","_linear_kernel","20,000","55,050,240","0","56.1","1.06","91,136","0","7.5","0.4"
+"1","4242","_attention_split","4,000","1,000,000","200,000","8.0","0.5","0","1,024","n/a","2.5"
+==PROF== Disconnected from process 4242
+'''
+
+
+def test_the_raw_page_becomes_one_row_per_kernel_with_rates_against_the_copy_rate():
+    kernels = ncu_step.parse_raw_csv(RAW)
+    assert [k["Kernel Name"] for k in kernels] == ["_linear_kernel", "_attention_split"]  # units row dropped
+    assert kernels[0]["dram__bytes_read.sum"] == 55_050_240.0  # thousands separators read as numbers
+    linear, attention = ncu_step.launch_table(kernels, copy_tb_s=4.3)
+    assert linear["dram_tb_s"] == pytest.approx(55_050_240 / 20e-6 / 1e12)  # 2.75 TB/s
+    assert linear["fraction_of_copy_rate"] == pytest.approx(linear["dram_tb_s"] / 4.3)
+    assert linear["top_stall"] == "long_scoreboard" and attention["top_stall"] == "barrier"  # "n/a" is no number
+    assert attention["dram_tb_s"] == pytest.approx(1_200_000 / 4e-6 / 1e12)  # reads and writes
+    assert linear["waves_per_sm"] == 1.06 and attention["grid_size"] is None  # a metric ncu did not give: None
+    ncu_step.print_table([linear, attention])
+
+
+def test_output_without_a_header_is_no_kernel():
+    assert ncu_step.parse_raw_csv("==PROF== ERROR: Failed to initialize the profiler: LibraryNotLoaded\n") == []
+
+
+def test_the_ncu_command_profiles_graph_nodes_from_the_bracketed_replays(tmp_path):
+    command = ncu_step.ncu_command([1, 16], 24, tmp_path)
+    text = " ".join(command)
+    for flag in ("--clock-control none", "--graph-profiling node", "--profile-from-start off", "--page raw",
+                 "--print-units base", "--launch-count 24", "--section WarpStateStats", "--target --rows 1,16"):
+        assert flag in text
+    assert "--launch-count" not in ncu_step.ncu_command([1], 0, tmp_path)  # 0: every kernel
+
+
+def test_refusals_are_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(ncu_step.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit) as stop:
+        ncu_step.main(["--out", str(tmp_path)])
+    assert "needs Nsight Compute's ncu" in str(stop.value) and "\n" not in str(stop.value)
+    with pytest.raises(SystemExit):
+        ncu_step.main(["--rows", "1,65"])
+    assert "row counts 1..64" in capsys.readouterr().err
