@@ -12,9 +12,11 @@ shapes, `GraphModel.forward` with the fused Triton layers captured in one CUDA g
 512-token context. The script runs itself under `ncu --graph-profiling node` (each kernel of a graph replay is
 profiled on its own; the counters bracket one replay with cudaProfilerStart/Stop) and writes
 
-- ncu_step.csv: ncu's raw page (every metric of the sections below, base units);
-- ncu_step.json / the printed table: per kernel launch, its time, DRAM bytes and rate against the copy rate,
-  the DRAM throughput ncu reports, waves per SM, achieved occupancy, registers and shared memory.
+- ncu_step_T<rows>.csv: ncu's raw page per profiled step (every metric of the sections below and the DRAM
+  byte counts, base units; ncu's own ==PROF== / ==ERROR== lines too);
+- ncu_step.json / the printed table: per kernel launch, its step's row count, its time, DRAM bytes and rate
+  against the copy rate (default: this GPU's, measured on this workplace's machines), the DRAM throughput ncu
+  reports, waves per SM, achieved occupancy, registers, shared memory and the warp state its warps wait in most.
 
 ncu serializes and replays each kernel: times are each kernel alone with cold caches between passes, not the
 step's overlapped (PDL) time. Needs ncu's hardware counters: on this workplace's H100s (Firecracker) they work,
@@ -28,6 +30,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -37,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "MemoryWorkloadAnalysis", "WarpStateStats")
+EXTRA_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")  # in no section's table: asked for by name
+COPY_TB_S_BY_GPU = {"H100": 3.0, "H200": 4.3}  # device-to-device copy, bytes read + written (device KINDS.md)
 COLUMNS = {  # the table's columns: JSON key -> ncu metric (raw page, base units)
     "time_ns": "gpu__time_duration.sum",
     "dram_read_bytes": "dram__bytes_read.sum",
@@ -53,15 +58,17 @@ COLUMNS = {  # the table's columns: JSON key -> ncu metric (raw page, base units
 CONTEXT = 512
 
 
-def ncu_command(rows: list[int], kernels: int, out: Path) -> list[str]:
-    """ncu over this script's `--target` part: every kernel node of the bracketed replays, or the first `kernels`."""
+def ncu_command(rows: int, kernels: int, log: Path) -> list[str]:
+    """ncu over this script's `--target` part for the `rows`-row step: every kernel node of the bracketed replay,
+    or the first `kernels`; its CSV and its own messages go to `log`."""
     command = ["ncu", "--clock-control", "none", "--graph-profiling", "node", "--profile-from-start", "off",
-               "--print-units", "base", "--csv", "--page", "raw", "--log-file", str(out / "ncu_step.csv")]
+               "--print-units", "base", "--csv", "--page", "raw", "--log-file", str(log),
+               "--metrics", ",".join(EXTRA_METRICS)]
     for section in SECTIONS:
         command += ["--section", section]
     if kernels > 0:
         command += ["--launch-count", str(kernels)]
-    return command + [sys.executable, __file__, "--target", "--rows", ",".join(map(str, rows))]
+    return command + [sys.executable, __file__, "--target", "--rows", str(rows)]
 
 
 def number(text: str) -> float | str:
@@ -98,17 +105,20 @@ def top_stall(kernel: dict) -> str | None:
     """The warp state a kernel's warps wait in most (e.g. long_scoreboard: on global memory), from WarpStateStats."""
     stalls = {name[len(STALL[0]):-len(STALL[1])]: value for name, value in kernel.items()
               if name.startswith(STALL[0]) and name.endswith(STALL[1]) and isinstance(value, float)}
+    stalls.pop("selected", None)  # issuing, not waiting
     return max(stalls, key=stalls.get) if stalls else None
 
 
-def launch_table(kernels: list[dict], copy_tb_s: float) -> list[dict]:
-    """The table's columns per kernel, with the DRAM rate against the copy rate (what a stream could reach)."""
+def launch_table(kernels: list[dict], copy_tb_s: float, rows: int) -> list[dict]:
+    """The table's columns per kernel of the `rows`-row step, with the DRAM rate against the copy rate (what a
+    stream could reach); no rate where ncu gave no time or no byte count."""
     table = []
     for kernel in kernels:
-        entry = {"kernel": str(kernel.get("Kernel Name", "?"))}
+        entry = {"rows": rows, "kernel": str(kernel.get("Kernel Name", "?"))}
         entry |= {key: kernel.get(metric) for key, metric in COLUMNS.items()}
         time_ns = entry["time_ns"]
-        seconds = time_ns * 1e-9 if isinstance(time_ns, float) and time_ns > 0 else None
+        counted = any(isinstance(entry[key], float) for key in ("dram_read_bytes", "dram_write_bytes"))
+        seconds = time_ns * 1e-9 if isinstance(time_ns, float) and time_ns > 0 and counted else None
         entry["dram_tb_s"] = _sum(entry["dram_read_bytes"], entry["dram_write_bytes"]) / seconds / 1e12 \
             if seconds else None
         entry["fraction_of_copy_rate"] = entry["dram_tb_s"] / copy_tb_s if seconds else None
@@ -121,21 +131,22 @@ def print_table(table: list[dict]) -> None:
     def cell(value, fmt: str) -> str:
         return format(value, fmt) if isinstance(value, float) else "-"
 
-    print(f"{'kernel':<34} {'us':>7} {'MB':>7} {'TB/s':>5} {'copy':>5} {'dram%':>5} {'waves':>5} {'occ%':>5} "
+    print(f"{'T':>2} {'kernel':<34} {'us':>7} {'MB':>7} {'TB/s':>5} {'copy':>5} {'dram%':>5} {'waves':>5} {'occ%':>5} "
           f"{'regs':>4} {'smem KB':>7} {'grid':>6}  top stall")
     for r in table:
         us = r["time_ns"] / 1e3 if isinstance(r["time_ns"], float) else None
-        mb = _sum(r["dram_read_bytes"], r["dram_write_bytes"]) / 1e6
+        mb = _sum(r["dram_read_bytes"], r["dram_write_bytes"]) / 1e6 if r["dram_tb_s"] is not None else None
         smem = _sum(r["shared_static_bytes"], r["shared_dynamic_bytes"]) / 1024
-        print(f"{r['kernel'][:34]:<34} {cell(us, '7.1f')} {mb:7.2f} {cell(r['dram_tb_s'], '5.2f')} "
-              f"{cell(r['fraction_of_copy_rate'], '5.2f')} {cell(r['dram_pct_of_peak'], '5.1f')} "
+        print(f"{r['rows']:2d} {r['kernel'][:34]:<34} {cell(us, '7.1f')} {cell(mb, '7.2f')} "
+              f"{cell(r['dram_tb_s'], '5.2f')} {cell(r['fraction_of_copy_rate'], '5.2f')} "
+              f"{cell(r['dram_pct_of_peak'], '5.1f')} "
               f"{cell(r['waves_per_sm'], '5.2f')} {cell(r['achieved_occupancy_pct'], '5.1f')} "
               f"{cell(r['registers_per_thread'], '4.0f')} {smem:7.1f} {cell(r['grid_size'], '6.0f')}  "
               f"{r['top_stall'] or '-'}")
 
 
-def profiled_part(rows: list[int]) -> None:
-    """Inside ncu: capture one step graph per row count, replay each once warm, then once between
+def profiled_part(rows: int) -> None:
+    """Inside ncu: capture the `rows`-row step graph, replay it once warm, then once between
     cudaProfilerStart/Stop (the replay ncu profiles)."""
     import torch
 
@@ -144,16 +155,43 @@ def profiled_part(rows: list[int]) -> None:
     from dfvg.gpu.graphs import GraphModel
 
     gm = GraphModel(random_model(SHAPES["qwen2.5-coder-1.5b"]), compile_blocks=False, fused_layers=True)
-    gm.ensure_cache(CONTEXT + max(rows))
-    graphs = [step_graph(gm, t, CONTEXT) for t in rows]
-    for graph in graphs:
-        graph.replay()
+    gm.ensure_cache(CONTEXT + rows)
+    graph = step_graph(gm, rows, CONTEXT)
+    graph.replay()
     torch.cuda.synchronize()
-    for graph in graphs:
-        torch.cuda.profiler.start()
-        graph.replay()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
+    torch.cuda.profiler.start()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def ncu_message(log: str, stderr: str) -> str:
+    """Why ncu profiled nothing, in one line: its last ==ERROR== line, else the program's last stderr line, else
+    ncu's last ==PROF== line."""
+    lines = log.splitlines()
+    errors = [line for line in lines if line.startswith("==ERROR==")]
+    notes = [line for line in lines if line.startswith("==PROF==")]
+    return (errors or stderr.strip().splitlines() or notes or ["no kernel was profiled"])[-1]
+
+
+def profile(rows: int, kernels: int, out: Path, copy_tb_s: float) -> list[dict]:
+    """One ncu run over the `rows`-row step -> its table (exits with ncu's message where nothing was profiled)."""
+    log = out / f"ncu_step_T{rows}.csv"
+    done = subprocess.run(ncu_command(rows, kernels, log), capture_output=True, text=True,
+                          env={**os.environ, "LC_ALL": "C"})  # "1,234.5", not "1.234,5"
+    text = log.read_text() if log.exists() else ""
+    kernels_seen = parse_raw_csv(text)
+    if done.returncode != 0 or not kernels_seen:
+        sys.exit(f"ncu failed on the {rows}-row step (exit {done.returncode}): {ncu_message(text, done.stderr)}")
+    return launch_table(kernels_seen, copy_tb_s, rows)
+
+
+def default_copy_tb_s() -> tuple[float, str]:
+    """This GPU's copy rate where this workplace measured one (else the H200's), and the GPU's name."""
+    import torch
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA GPU"
+    return next((rate for key, rate in COPY_TB_S_BY_GPU.items() if key in name), COPY_TB_S_BY_GPU["H200"]), name
 
 
 def row_counts(text: str) -> list[int]:
@@ -169,36 +207,30 @@ def row_counts(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=".")
-    p.add_argument("--rows", default="1", type=row_counts, help="row counts of the profiled steps (default 1)")
+    p.add_argument("--rows", default="1", type=row_counts,
+                   help="row counts of the profiled steps, one ncu run each (default 1)")
     p.add_argument("--kernels", type=int, default=24,
                    help="profile the first N kernels only (0: all; a step has ~170, each replayed once per pass)")
     p.add_argument("--copy-tb-s", type=float, default=None,
-                   help="the copy rate the DRAM rate is compared with (default: benchmarks/gpu_report.COPY_TB_S, "
-                   "the H200's; an H100 here copies ~3.0 TB/s)")
+                   help="the copy rate the DRAM rate is compared with (default: this GPU's as measured here: "
+                   "H100 3.0, H200 4.3 TB/s)")
     p.add_argument("--target", action="store_true", help=argparse.SUPPRESS)  # the part ncu runs
     args = p.parse_args(argv)
     if args.target:
-        profiled_part(args.rows)
+        [rows] = args.rows
+        profiled_part(rows)
         return
     if shutil.which("ncu") is None:
         sys.exit("ncu_step.py needs Nsight Compute's ncu on the PATH (it is on the device machines, not here)")
-    from benchmarks.gpu_report import COPY_TB_S
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(ncu_command(args.rows, args.kernels, out), capture_output=True, text=True)
-    csv_path = out / "ncu_step.csv"
-    kernels = parse_raw_csv(csv_path.read_text()) if csv_path.exists() else []
-    if done.returncode != 0 or not kernels:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no kernel was profiled"]
-        sys.exit(f"ncu failed (exit {done.returncode}): {tail[0]}")
-    table = launch_table(kernels, args.copy_tb_s or COPY_TB_S)
+    copy_tb_s, gpu = (args.copy_tb_s, None) if args.copy_tb_s else default_copy_tb_s()
+    table = [entry for rows in args.rows for entry in profile(rows, args.kernels, out, copy_tb_s)]
     print_table(table)
     (out / "ncu_step.json").write_text(json.dumps(
-        {"rows": args.rows, "context": CONTEXT, "kernels_profiled": len(table), "sections": SECTIONS,
-         "copy_tb_s": args.copy_tb_s or COPY_TB_S, "launches": table,
+        {"gpu": gpu, "rows": args.rows, "context": CONTEXT, "kernels_profiled": len(table), "sections": SECTIONS,
+         "copy_tb_s": copy_tb_s, "launches": table,
          "provenance": "measured (Nsight Compute, each kernel alone, serialized)"}, indent=1))
-
 
 if __name__ == "__main__":
     main()

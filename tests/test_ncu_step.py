@@ -13,10 +13,11 @@ RAW = '''==PROF== Connected to process 4242 (python3)
 "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed","launch__waves_per_multiprocessor",\
 "launch__shared_mem_per_block_dynamic","launch__shared_mem_per_block_static",\
 "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",\
-"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
-"","","","nsecond","byte","byte","%","","byte","byte","ratio","ratio"
-"0","4242","_linear_kernel","20,000","55,050,240","0","56.1","1.06","91,136","0","7.5","0.4"
-"1","4242","_attention_split","4,000","1,000,000","200,000","8.0","0.5","0","1,024","n/a","2.5"
+"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",\
+"smsp__average_warps_issue_stalled_selected_per_issue_active.ratio"
+"","","","nsecond","byte","byte","%","","byte","byte","ratio","ratio","ratio"
+"0","4242","_linear_kernel","20,000","55,050,240","0","56.1","1.06","91,136","0","7.5","0.4","1"
+"1","4242","_attention_split","4,000","1,000,000","200,000","8.0","0.5","0","1,024","n/a","2.5","9"
 ==PROF== Disconnected from process 4242
 '''
 
@@ -25,26 +26,36 @@ def test_the_raw_page_becomes_one_row_per_kernel_with_rates_against_the_copy_rat
     kernels = ncu_step.parse_raw_csv(RAW)
     assert [k["Kernel Name"] for k in kernels] == ["_linear_kernel", "_attention_split"]  # units row dropped
     assert kernels[0]["dram__bytes_read.sum"] == 55_050_240.0  # thousands separators read as numbers
-    linear, attention = ncu_step.launch_table(kernels, copy_tb_s=4.3)
+    linear, attention = ncu_step.launch_table(kernels, copy_tb_s=4.3, rows=16)
     assert linear["dram_tb_s"] == pytest.approx(55_050_240 / 20e-6 / 1e12)  # 2.75 TB/s
     assert linear["fraction_of_copy_rate"] == pytest.approx(linear["dram_tb_s"] / 4.3)
     assert linear["top_stall"] == "long_scoreboard" and attention["top_stall"] == "barrier"  # "n/a" is no number
     assert attention["dram_tb_s"] == pytest.approx(1_200_000 / 4e-6 / 1e12)  # reads and writes
     assert linear["waves_per_sm"] == 1.06 and attention["grid_size"] is None  # a metric ncu did not give: None
+    assert linear["rows"] == attention["rows"] == 16
     ncu_step.print_table([linear, attention])
+    [uncounted] = ncu_step.launch_table([{"Kernel Name": "k", "gpu__time_duration.sum": 1000.0}], 4.3, rows=1)
+    assert uncounted["dram_tb_s"] is None and uncounted["fraction_of_copy_rate"] is None  # no bytes: no rate, not 0
+    ncu_step.print_table([uncounted])
 
 
-def test_output_without_a_header_is_no_kernel():
-    assert ncu_step.parse_raw_csv("==PROF== ERROR: Failed to initialize the profiler: LibraryNotLoaded\n") == []
+def test_output_without_a_header_is_no_kernel_and_ncus_own_line_says_why():
+    log = "==PROF== Connected to process 1\n==ERROR== Failed to initialize the profiler: LibraryNotLoaded\n"
+    assert ncu_step.parse_raw_csv(log) == []
+    assert ncu_step.ncu_message(log, "a torch warning\n") == log.splitlines()[-1]  # ncu's error, not the program's
+    assert ncu_step.ncu_message("==PROF== Disconnected\n", "Traceback...\nRuntimeError: no GPU\n") == \
+        "RuntimeError: no GPU"  # the program's own failure under ncu
+    assert ncu_step.ncu_message("==PROF== Disconnected\n", "") == "==PROF== Disconnected"
 
 
-def test_the_ncu_command_profiles_graph_nodes_from_the_bracketed_replays(tmp_path):
-    command = ncu_step.ncu_command([1, 16], 24, tmp_path)
+def test_the_ncu_command_profiles_graph_nodes_of_the_bracketed_replay(tmp_path):
+    command = ncu_step.ncu_command(16, 24, tmp_path / "log.csv")
     text = " ".join(command)
     for flag in ("--clock-control none", "--graph-profiling node", "--profile-from-start off", "--page raw",
-                 "--print-units base", "--launch-count 24", "--section WarpStateStats", "--target --rows 1,16"):
+                 "--print-units base", "--launch-count 24", "--section WarpStateStats", "--target --rows 16",
+                 "--metrics dram__bytes_read.sum,dram__bytes_write.sum"):
         assert flag in text
-    assert "--launch-count" not in ncu_step.ncu_command([1], 0, tmp_path)  # 0: every kernel
+    assert "--launch-count" not in ncu_step.ncu_command(1, 0, tmp_path / "log.csv")  # 0: every kernel
 
 
 def test_refusals_are_one_line(monkeypatch, capsys, tmp_path):
