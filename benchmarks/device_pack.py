@@ -18,7 +18,6 @@ paths under unpack's --root; h200_weights.sh expects GGUFs under gguf/ and draft
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -27,13 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfvg.download import sha256_file  # noqa: E402  (hashlib only: no torch on this import path)
+from dfvg.errors import EXIT_USER_ERROR, OneLineParser, UserError  # noqa: E402
 
 MANIFEST, FORMAT = "manifest.json", 1
 BLOCK = 1 << 22  # bytes read at a time
-
-
-class PackError(Exception):
-    """A one-line reason the stream cannot be packed or unpacked (printed without a traceback)."""
 
 
 def sources(pairs: list[str]) -> list[tuple[Path, str]]:
@@ -43,20 +39,20 @@ def sources(pairs: list[str]) -> list[tuple[Path, str]]:
         src, sep, dest = pair.rpartition(":")
         parts = Path(dest).parts
         if not sep or not src or not parts or Path(dest).is_absolute() or ".." in parts or parts == (".",):
-            raise PackError(f"{pair!r}: give SRC:DEST with DEST a relative path (e.g. m.gguf:gguf/m.gguf)")
+            raise UserError(f"{pair!r}: give SRC:DEST with DEST a relative path (e.g. m.gguf:gguf/m.gguf)")
         path = Path(src)
         if path.is_dir():
             if any(f.is_dir() for f in path.iterdir()):
-                raise PackError(f"{src} holds folders: pack its files, or each folder, as their own SRC:DEST")
+                raise UserError(f"{src} holds folders: pack its files, or each folder, as their own SRC:DEST")
             out += [(f, f"{dest}/{f.name}") for f in sorted(path.iterdir()) if f.is_file()]
         elif path.is_file():
             out.append((path, dest))
         else:
-            raise PackError(f"{src} does not exist")
+            raise UserError(f"{src} does not exist")
     dests = [Path(dest).as_posix() for _, dest in out]
     twice = sorted({d for d in dests if dests.count(d) > 1})
     if twice:
-        raise PackError(f"two sources for {twice[0]}: give every file its own DEST")
+        raise UserError(f"two sources for {twice[0]}: give every file its own DEST")
     return out
 
 
@@ -64,7 +60,7 @@ def pack(pairs: list[str], out: Path, chunk_bytes: int) -> dict:
     """Write the files' concatenation as chunks c00, c01, ... of `chunk_bytes` and the manifest beside them."""
     files = sources(pairs)
     if not files:
-        raise PackError("nothing to pack")
+        raise UserError("nothing to pack")
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob("c[0-9]*"), out / MANIFEST]:
         stale.unlink(missing_ok=True)
@@ -121,16 +117,16 @@ def check_chunks(chunks: Path, manifest: dict) -> None:
         if not path.is_file() or path.stat().st_size != chunk["size"] or sha256_file(path) != chunk["sha256"]:
             bad.append(chunk["name"])
     if bad:
-        raise PackError(f"chunks missing or damaged in {chunks}: {' '.join(bad)} (carry them again)")
+        raise UserError(f"chunks missing or damaged in {chunks}: {' '.join(bad)} (carry them again)")
 
 
 def unpack(chunks: Path, root: Path) -> list[tuple[Path, str]]:
     """The manifest's files under `root`, each written to a temporary name and renamed once its SHA-256 checks."""
     if not (chunks / MANIFEST).is_file():
-        raise PackError(f"{chunks / MANIFEST} not found: carry the manifest with the chunks")
+        raise UserError(f"{chunks / MANIFEST} not found: carry the manifest with the chunks")
     manifest = json.loads((chunks / MANIFEST).read_text())
     if manifest.get("format") != FORMAT:
-        raise PackError(f"{chunks / MANIFEST} has format {manifest.get('format')}, this script reads {FORMAT}")
+        raise UserError(f"{chunks / MANIFEST} has format {manifest.get('format')}, this script reads {FORMAT}")
     check_chunks(chunks, manifest)
     stream = ChunkReader([chunks / c["name"] for c in manifest["chunks"]])
     written = []
@@ -145,7 +141,7 @@ def unpack(chunks: Path, root: Path) -> list[tuple[Path, str]]:
                 f.write(block)
         if digest.hexdigest() != entry["sha256"]:
             partial.unlink()
-            raise PackError(f"{entry['dest']}: SHA-256 differs from the manifest's (packed from other files?)")
+            raise UserError(f"{entry['dest']}: SHA-256 differs from the manifest's (packed from other files?)")
         partial.replace(target)
         written.append((target, entry["sha256"]))
     return written
@@ -161,7 +157,7 @@ class ChunkReader:
         while size:
             if self.file is None:
                 if not self.paths:
-                    raise PackError("the chunks end before the manifest's files do")
+                    raise UserError("the chunks end before the manifest's files do")
                 self.file = self.paths.pop(0).open("rb")
             block = self.file.read(min(BLOCK, size))
             if not block:
@@ -173,7 +169,7 @@ class ChunkReader:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser("pack", help="files (SRC:DEST) into chunks and a manifest")
     a.add_argument("pairs", nargs="+", metavar="SRC:DEST")
@@ -186,15 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "pack":
             if args.chunk_mib < 1:
-                raise PackError(f"--chunk-mib {args.chunk_mib} must be at least 1")
+                raise UserError(f"--chunk-mib {args.chunk_mib} must be at least 1")
             manifest = pack(args.pairs, args.out, args.chunk_mib << 20)
             print(f"{len(manifest['files'])} files in {len(manifest['chunks'])} chunks in {args.out}")
         else:
             for path, sha in unpack(args.chunks, args.root):
                 print(f"{sha}  {path}")  # sha256sum's format: the lease scripts keep it as sha256.txt
-    except PackError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     return 0
 
 

@@ -39,9 +39,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
+
+from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
+from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
+from benchmarks.gpu_rows import row_counts, step_graph  # noqa: E402  (--rows: gpu_rows.py's row counts)
+from dfvg.gpu.graphs import GraphModel  # noqa: E402
+
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "MemoryWorkloadAnalysis", "WarpStateStats")
 EXTRA_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")  # in no section's table: asked for by name
-COPY_TB_S_BY_GPU = {"H100": 3.0, "H200": 4.3}  # device-to-device copy, bytes read + written (device KINDS.md)
+COPY_TB_S_BY_GPU = {"H100": 3.0, "H200": COPY_TB_S}  # device-to-device copy, bytes read + written (KINDS.md)
 COLUMNS = {  # the table's columns: JSON key -> ncu metric (raw page, base units)
     "time_ns": "gpu__time_duration.sum",
     "dram_read_bytes": "dram__bytes_read.sum",
@@ -148,12 +155,6 @@ def print_table(table: list[dict]) -> None:
 def profiled_part(rows: int) -> None:
     """Inside ncu: capture the `rows`-row step graph, replay it once warm, then once between
     cudaProfilerStart/Stop (the replay ncu profiles)."""
-    import torch
-
-    from benchmarks.gpu_decode import SHAPES, random_model
-    from benchmarks.gpu_rows import step_graph
-    from dfvg.gpu.graphs import GraphModel
-
     gm = GraphModel(random_model(SHAPES["qwen2.5-coder-1.5b"]), compile_blocks=False, fused_layers=True)
     gm.ensure_cache(CONTEXT + rows)
     graph = step_graph(gm, rows, CONTEXT)
@@ -188,20 +189,8 @@ def profile(rows: int, kernels: int, out: Path, copy_tb_s: float) -> list[dict]:
 
 def default_copy_tb_s() -> tuple[float, str]:
     """This GPU's copy rate where this workplace measured one (else the H200's), and the GPU's name."""
-    import torch
-
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA GPU"
     return next((rate for key, rate in COPY_TB_S_BY_GPU.items() if key in name), COPY_TB_S_BY_GPU["H200"]), name
-
-
-def row_counts(text: str) -> list[int]:
-    try:
-        rows = [int(part) for part in text.split(",")]
-    except ValueError:
-        rows = []
-    if not rows or not all(1 <= t <= 64 for t in rows):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of row counts 1..64, e.g. 1,16")
-    return rows
 
 
 def main(argv: list[str] | None = None) -> None:

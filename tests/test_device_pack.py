@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from benchmarks.device_pack import MANIFEST, PackError, main, pack, unpack
+from benchmarks.device_pack import MANIFEST, main, pack, unpack
+from dfvg.errors import UserError
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ def test_a_manifest_of_other_files_is_refused_at_the_file(files, tmp_path):
     pack([f"{files / 'model.gguf'}:model.gguf"], chunks, 1000)
     manifest = (chunks / MANIFEST).read_text().replace('"sha256": "', '"sha256": "0', 1)  # the file's, not a chunk's
     (chunks / MANIFEST).write_text(manifest)
-    with pytest.raises(PackError, match="model.gguf: SHA-256 differs"):
+    with pytest.raises(UserError, match="model.gguf: SHA-256 differs"):
         unpack(chunks, tmp_path / "root")
     assert not list((tmp_path / "root").rglob("*"))  # no partial file left
 
