@@ -44,6 +44,7 @@ import torch  # noqa: E402
 from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
 from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
 from benchmarks.gpu_rows import row_counts, step_graph  # noqa: E402  (--rows: gpu_rows.py's row counts)
+from dfvg.errors import OneLineParser  # noqa: E402
 from dfvg.gpu.graphs import GraphModel  # noqa: E402
 
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "MemoryWorkloadAnalysis", "WarpStateStats")
@@ -194,7 +195,7 @@ def default_copy_tb_s() -> tuple[float, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=".")
     p.add_argument("--rows", default="1", type=row_counts,
                    help="row counts of the profiled steps, one ncu run each (default 1)")

@@ -65,4 +65,5 @@ def test_refusals_are_one_line(monkeypatch, capsys, tmp_path):
     assert "needs Nsight Compute's ncu" in str(stop.value) and "\n" not in str(stop.value)
     with pytest.raises(SystemExit):
         ncu_step.main(["--rows", "1,65"])
-    assert "row counts 1..64" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "row counts 1..64" in err and "\n" not in err.strip()
