@@ -7,10 +7,6 @@ Triton's interpreter in a subprocess (TRITON_INTERPRET must be set before Triton
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,6 +14,7 @@ import torch
 
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.model import ModelConfig, Transformer
+from tests.interpreted import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,20 +91,8 @@ def test_fused_graph_model_matches_eager_forward_on_gpu():
 
 
 def interpreted(call: str) -> list[float]:
-    """Numbers printed by `call` (an expression on this module's helpers) run under Triton's CPU interpreter,
-    in a subprocess: TRITON_INTERPRET must be set before Triton is imported."""
-    code = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, "tests")
-        import test_gpu_fused as t
-        print(*{call})
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode and "only 0-dimensional arrays" in proc.stderr:
-        pytest.skip("this numpy is too new for Triton's interpreter")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return list(map(float, proc.stdout.split()))
+    """Numbers printed by `call` (an expression on this module's helpers) run under Triton's CPU interpreter."""
+    return list(map(float, run_interpreted("tests.test_gpu_fused", f"*{call}", timeout=600).split()))
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")

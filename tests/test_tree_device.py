@@ -6,10 +6,6 @@ interpreter here, the tensor cores on the GPU), and whole trees against plain de
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -29,6 +25,7 @@ from dfvg.sampling import SamplingParams
 from dfvg.tree import TreeSpec, parse_tree_spec, static_nodes
 from dfvg.verifier import TorchVerifier
 from tests.conftest import save_checkpoint
+from tests.interpreted import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = list(range(2, 40))
@@ -263,17 +260,8 @@ def chunked_tree_failures() -> list[str]:
 
 
 def interpreted(call: str) -> str:
-    """stdout of `call` (an expression on this module) under Triton's CPU interpreter, in a subprocess."""
-    code = textwrap.dedent(f"""
-        import tests.test_tree_device as t
-        print({call})
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=900)
-    if proc.returncode and "only 0-dimensional arrays" in proc.stderr:
-        pytest.skip("this numpy is too new for Triton's interpreter")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout.split("\n")[-2]
+    """The last line `call` (an expression on this module) prints under Triton's CPU interpreter."""
+    return run_interpreted("tests.test_tree_device", call).splitlines()[-1]
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
