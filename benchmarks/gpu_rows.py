@@ -22,9 +22,12 @@ by CUDA events around replays (medians). What it measures:
    per token and a split program per (kv head, split, token) of the cache (the code before), with the K/V tile
    shared by a split's tokens (`decode_attention.SHARE_KV`), with the split launch's programs also taking work
    items in turn (`decode_attention.SPLIT_PROGRAMS_PER_SM`; shipped), shipped with each other table (e.g.
-   the sweep's), and shipped with 32- and 64-row tiles (`fused.TILE_ROWS`: a verify of up to 32 or 64 rows in
-   one tile; their invariance is checked too), timed in alternating rounds; whether every mode's logits equal
-   the first mode's bit for bit;
+   the sweep's), shipped with 32- and 64-row tiles (`fused.TILE_ROWS`: a verify of up to 32 or 64 rows in
+   one tile; their invariance is checked too), and shipped with the launches streaming ahead (each GEMV
+   program's first 512 or all weight columns prefetched to L2 before its wait, `fused.PREFETCH_COLUMNS`;
+   each launch letting the next start once all its programs are resident, `decode_attention.EARLY_TRIGGER`;
+   alone and together), timed in alternating rounds; whether every mode's logits equal the first mode's bit
+   for bit;
    the faster block-size table on the whole step (fastest_tuned.json) is the one the rest of the run uses;
 6. `--profile`: device time per kernel name in a replayed step at T = 1, 16 and 64, contexts 512 and 32,704
    (torch.profiler).
@@ -44,9 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_decode import SHAPES, graph_of, random_model, rotating  # noqa: E402
+from benchmarks.gpu_modes import TALL_TILES, fastest_table, launch_modes  # noqa: E402
 from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
-from dfvg.gpu import block_sizes, decode_attention, fused  # noqa: E402
+from dfvg.gpu import block_sizes, fused  # noqa: E402
 from dfvg.gpu.graphs import GraphModel, capture_graph  # noqa: E402
 
 ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 32, 64)
@@ -192,11 +196,6 @@ def invariance(gm: GraphModel, context: int = 600) -> list[dict]:
     return out
 
 
-MODE_ROWS = (1, 5, 16, 17, 33, 64)
-TALL_TILES = (32, 64)  # row-tile heights timed beside the shipped one (`fused.TILE_ROWS`)
-MODE_CONTEXTS = (512, 32704)
-
-
 def tall_tile_invariance(gm: GraphModel) -> dict[int, list[dict]]:
     """`invariance` with each height of TALL_TILES: a taller tile must keep every row bit-identical too."""
     shipped = fused.TILE_ROWS
@@ -208,78 +207,6 @@ def tall_tile_invariance(gm: GraphModel) -> dict[int, list[dict]]:
             out[rows] = invariance(gm)
     finally:
         fused.TILE_ROWS = shipped
-    return out
-
-
-def current_mode() -> dict:
-    """The module switches as they are now (as shipped, outside `launch_modes`), with the shipped table."""
-    return {"pdl": decode_attention.PDL, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
-            "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS}
-
-
-def modes_of(tables: dict[str, list]) -> dict[str, dict]:
-    """Code variants timed side by side: the module switches (PDL, shared K/V, the attention grid, the GEMVs'
-    tile height) and a block-size table each. The first is the attention before the 2026-12-04 change; then
-    the shipped code, other tables, and taller row tiles (32 or 64 rows, with the shipped table)."""
-    shipped = current_mode()
-    modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
-                                                                      "split_programs": None},
-             "K/V shared, a split program per (kv, split, token)": {**shipped, "split_programs": None},
-             f"K/V shared, {shipped['split_programs']} split programs per SM (shipped)": shipped}
-    modes |= {f"shipped with the {name} block sizes": {**shipped, "table": name}
-              for name in tables if name != "shipped"}
-    return modes | {f"shipped with {rows}-row tiles": {**shipped, "tile_rows": rows} for rows in TALL_TILES}
-
-
-def _set_mode(mode: dict, tables: dict[str, list]) -> None:
-    fused.TILE_ROWS = mode["tile_rows"]
-    decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
-    decode_attention.SPLIT_PROGRAMS_PER_SM = mode["split_programs"]
-    block_sizes.TUNED.clear()
-    block_sizes.apply_tuned(tables[mode["table"]])
-
-
-def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None = None, rounds: int = 5) -> list[dict]:
-    """ms per step of each (mode, context, T), the median over alternating rounds (so drift hits every mode
-    alike), and whether the mode's logits equal the first mode's bit for bit (the switches change which
-    program computes a row, never how; other block sizes may change the sums)."""
-    vocab = gm.model.config.vocab_size
-    modes = modes_of(tables)
-    unknown = set(only or ()) - set(modes)
-    if unknown:
-        raise SystemExit(f"unknown launch mode(s) {sorted(unknown)}; known: {'; '.join(modes)}")
-    modes = {name: mode for name, mode in modes.items() if not only or name in only}
-    shipped = current_mode()
-    graphs = {}
-    try:
-        for name, mode in modes.items():
-            _set_mode(mode, tables)
-            for context in MODE_CONTEXTS:
-                for rows in MODE_ROWS:
-                    torch.manual_seed(rows)
-                    ids = torch.randint(0, vocab, (1, rows), device="cuda")
-                    pos = torch.arange(context - rows, context, device="cuda")
-                    graph, out = capture_graph(lambda ids=ids, pos=pos: gm.forward(ids, pos), gm.device)
-                    graphs[name, context, rows] = graph, out, (ids, pos)  # the graph reads ids, pos: keep them
-    finally:
-        _set_mode(shipped, tables)
-    times: dict = {key: [] for key in graphs}
-    for _ in range(rounds):
-        for key, (graph, _out, _inputs) in graphs.items():
-            times[key].append(cuda_median_ms(graph.replay, 10))
-    first = next(iter(modes))
-    out = []
-    for (name, context, rows), (graph, logits, _inputs) in graphs.items():
-        graph.replay()
-        reference_graph, reference, _ = graphs[first, context, rows]
-        reference_graph.replay()  # (same tokens and positions: the cache holds the same K/V after either)
-        ms, base = sorted(times[name, context, rows])[rounds // 2], sorted(times[first, context, rows])[rounds // 2]
-        out.append({"mode": name, "block_sizes": modes[name]["table"], "tile_rows": modes[name]["tile_rows"],
-                    "context": context, "T": rows, "ms": ms,
-                    "ratio_to_first_mode": ms / base,
-                    "logits_identical_to_first_mode": bool(torch.equal(logits, reference))})
-        print(f"  {name:45s} context {context:5d} T={rows:2d}: {ms:.3f} ms ({ms / base:.3f}x the first mode), "
-              f"logits identical: {out[-1]['logits_identical_to_first_mode']}", flush=True)
     return out
 
 
@@ -311,17 +238,6 @@ def kernel_profile(gm: GraphModel, contexts=(512, 32704), rows_list=(1, 16, 64),
                 flush=True)
             out += mine
     return out
-
-
-def fastest_table(modes: list[dict]) -> str:
-    """The block-size table of the mode whose step is fastest at T = 1 + T = 5 (the whole step decides), among
-    the modes with the shipped tile height (a table is tuned for one)."""
-    cost: dict = {}
-    for r in modes:
-        if r["T"] in (1, 5) and r.get("tile_rows", fused.TILE_ROWS) == fused.TILE_ROWS:
-            cost[r["mode"]] = cost.get(r["mode"], 0.0) + r["ms"]
-    best = min(cost, key=cost.get)
-    return next(r["block_sizes"] for r in modes if r["mode"] == best)
 
 
 def plot(rows: list[dict], path: Path) -> None:

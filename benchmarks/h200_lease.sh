@@ -6,7 +6,8 @@
 #   bash benchmarks/h200_lease.sh kernels OUT        # first call (no model weights needed):
 #     1. the gpu-marked kernel, graph and tree tests (bit-identical rows for T = 1..64 among them);
 #     2. benchmarks/gpu_rows.py --profile: device time per kernel at T = 1 / 16 / 64 (contexts 512 and 32k), the
-#        code variants side by side (gpu_rows.modes_of: K/V per token or shared, the attention grid),
+#        code variants side by side (gpu_modes.modes_of: K/V per token or shared, the attention grid, taller row
+#        tiles, the GEMVs' weight prefetch and early trigger),
 #        rows x contexts, invariance, cuBLAS; then benchmarks/draft_block.py: the distilled draft's block with the
 #        shipped block sizes against linear_config's split-K (it has not run in its committed form yet), and
 #        benchmarks/tree_step.py: the chain and tree steps' time and kernels side by side (random weights), and
@@ -44,8 +45,8 @@ if [ "$part" = kernels ]; then
   trap 'echo KERNELS_FAILED' ERR
   rm -rf /root/repo_k && cp -r "$(dirname "$0")/.." /root/repo_k && cd /root/repo_k
   mkdir -p "$out"
-  python3 -m pytest -q -m gpu tests/test_gpu_fused.py tests/test_tree_device.py ${KERNEL_TESTS-tests/test_gpu_graphs.py \
-    tests/test_gpu_kernels.py} > "$out/gpu_tests.log" 2>&1 || true
+  python3 -m pytest -q -m gpu tests/test_gpu_fused.py tests/test_tree_device.py tests/test_stream_ahead.py \
+    ${KERNEL_TESTS-tests/test_gpu_graphs.py tests/test_gpu_kernels.py} > "$out/gpu_tests.log" 2>&1 || true
   tail -3 "$out/gpu_tests.log"
   if [ -n "${BASELINE_DIR:-}" ]; then
     (cd "$BASELINE_DIR" && python3 benchmarks/gpu_rows.py --modes-only \

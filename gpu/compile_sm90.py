@@ -6,6 +6,8 @@ for two programs is visible here before any timing. The JIT's specialisation is 
 ints that are multiples of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
 
     python gpu/compile_sm90.py 16 32 64          # heights (default: 16)
+    python gpu/compile_sm90.py --stream-ahead 16 # with a 512-column weight prefetch and the early trigger
+                                                 # (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER)
 """
 
 from __future__ import annotations
@@ -45,25 +47,37 @@ def compiled(fn, types: dict, consts: dict, cfg: dict):
                           options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
 
 
-def describe(height: int, shape: tuple[int, int]) -> str:
+def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False):
+    """The target's launch on weight `shape` with `height`-row tiles, compiled for sm_90; `ahead`: with the weight
+    prefetch of 512 columns and the early trigger (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER)."""
     cfg, what = TUNED[shape], LAUNCHES[shape]
-    common = {"K": shape[1], "F32": False, "BT": height, "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"], "PDL": True}
+    common = {"K": shape[1], "F32": False, "BT": height, "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"], "PDL": True,
+              "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead, "THREADS": 32 * cfg["num_warps"]}
     if what.startswith("qkv"):
         consts = {**common, "HEADS": 12, "KV_HEADS": 2, "HD": 128, "HAS_BIAS": True, "BN": min(cfg["BN"], 64)}
-        kernel = compiled(fused._qkv_rope_kernel, QKV, consts, cfg)
-    else:
-        consts = {**common, "NORM": "norm" in what, "SWIGLU": "gate" in what, "HAS_BIAS": False,
-                  "HAS_RES": "residual" in what, "BN": cfg["BN"]}
-        kernel = compiled(fused._linear_kernel, LINEAR, consts, cfg)
+        return compiled(fused._qkv_rope_kernel, QKV, consts, cfg)
+    consts = {**common, "NORM": "norm" in what, "SWIGLU": "gate" in what, "HAS_BIAS": False,
+              "HAS_RES": "residual" in what, "BN": cfg["BN"]}
+    return compiled(fused._linear_kernel, LINEAR, consts, cfg)
+
+
+def describe(height: int, shape: tuple[int, int], ahead: bool = False) -> str:
+    what = LAUNCHES[shape]
+    kernel = compiled_launch(height, shape, ahead)
     ptx = kernel.asm["ptx"]
     instruction = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync"
+    ahead_part = (f"  L2 prefetch {ptx.count('cp.async.bulk.prefetch.L2'):2d}  "
+                  f"trigger {ptx.count('griddepcontrol.launch_dependents'):2d}") if ahead else ""
+    copies = ptx.count("cp.async") - ptx.count("cp.async.bulk.prefetch")
     return (f"{height:3d} rows  {what:18s} {shape[0]:6d}x{shape[1]:<5d} {instruction:8s} "
-            f"cp.async {ptx.count('cp.async'):3d}  shared {kernel.metadata.shared / 1024:6.1f} KiB")
+            f"cp.async {copies:3d}  shared {kernel.metadata.shared / 1024:6.1f} KiB{ahead_part}")
 
 
 def main(argv: list[str]) -> None:
     if not HAVE_TRITON:
         sys.exit("error: Triton is not installed (pip install triton; CUDA builds of torch ship it)")
+    ahead = "--stream-ahead" in argv
+    argv = [a for a in argv if a != "--stream-ahead"]
     try:
         heights = [int(a) for a in argv] or [16]
     except ValueError:
@@ -72,7 +86,7 @@ def main(argv: list[str]) -> None:
         sys.exit(f"error: a row-tile height is a power of two >= 16, got {' '.join(argv)}")
     for height in heights:
         for shape in LAUNCHES:
-            print(describe(height, shape), flush=True)
+            print(describe(height, shape, ahead), flush=True)
 
 
 if __name__ == "__main__":

@@ -228,37 +228,48 @@ def test_benchmark_prompts_put_the_drafts_held_out_prompts_first():
 
 
 def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
-    """gpu_rows.py's first mode is the code before the attention change (ratios are against it), one mode is
-    exactly the shipped switches, and a mode's switches are set and then restored around the captures."""
-    from benchmarks import gpu_rows
+    """gpu_rows.py's first mode (gpu_modes.py) is the code before the attention change (ratios are against it),
+    one mode is exactly the shipped switches, and a mode's switches are set and then restored around the
+    captures."""
+    from benchmarks import gpu_modes
     from dfvg.gpu import block_sizes, decode_attention, fused
 
     tables = {"shipped": block_sizes.tuned_rows(), "swept": [[1536, 1536, {"BN": 64, "BK": 64, "SPLIT_K": 1,
                                                                         "num_warps": 4, "num_stages": 2}]]}
-    modes = gpu_rows.modes_of(tables)
+    modes = gpu_modes.modes_of(tables)
     before = next(iter(modes.values()))
     assert before["share_kv"] is False and before["split_programs"] is None
     shipped = {"pdl": True, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
-               "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS}
+               "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS,
+               "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER}
     assert sum(mode == shipped for mode in modes.values()) == 1
+    ahead = [(mode["prefetch"], mode["trigger"]) for name, mode in modes.items() if "prefetch" in name or
+             "trigger" in name]  # the GEMVs streaming ahead: each switch, then both, beside the shipped pair
+    assert sorted(ahead + [(shipped["prefetch"], shipped["trigger"])]) == [
+        (0, False), (0, True), (512, False), (512, True), (8960, False), (8960, True)]
     assert modes["shipped with the swept block sizes"]["table"] == "swept"
     assert [modes[f"shipped with {rows}-row tiles"] for rows in (32, 64)] == [
         {**shipped, "tile_rows": 32}, {**shipped, "tile_rows": 64}]
     try:
-        gpu_rows._set_mode(before, tables)
+        gpu_modes._set_mode(before, tables)
         assert decode_attention.SPLIT_PROGRAMS_PER_SM is None and not decode_attention.SHARE_KV
-        gpu_rows._set_mode(modes["shipped with the swept block sizes"], tables)
+        gpu_modes._set_mode(modes["shipped with the swept block sizes"], tables)
         assert block_sizes.linear_config(1536, 1536)["BN"] == 64
-        gpu_rows._set_mode(modes["shipped with 64-row tiles"], tables)
+        gpu_modes._set_mode(modes["shipped with 64-row tiles"], tables)
         assert fused.TILE_ROWS == 64
+        gpu_modes._set_mode(modes["shipped, 512-column prefetch and early trigger"], tables)
+        assert fused.PREFETCH_COLUMNS == 512 and decode_attention.EARLY_TRIGGER
     finally:
-        gpu_rows._set_mode(shipped, tables)
+        gpu_modes._set_mode(shipped, tables)
     assert decode_attention.SHARE_KV and block_sizes.tuned_rows() == tables["shipped"] and fused.TILE_ROWS == 16
-    # a table is tuned for one tile height: the fastest table is chosen among the shipped height's modes only
-    rows = [{"mode": "a", "block_sizes": "shipped", "tile_rows": 16, "T": 1, "ms": 1.7},
-            {"mode": "b", "block_sizes": "swept", "tile_rows": 16, "T": 1, "ms": 1.6},
-            {"mode": "c", "block_sizes": "shipped", "tile_rows": 64, "T": 1, "ms": 1.0}]
-    assert gpu_rows.fastest_table(rows) == "swept"
+    assert (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER) == (shipped["prefetch"], shipped["trigger"])
+    # the fastest table is chosen among the modes with the shipped switches only (a table is tuned for one tile
+    # height; a faster switch, e.g. the weight prefetch, must not make the shipped table win)
+    rows = [{"mode": "a", "block_sizes": "shipped", "switches_as_shipped": True, "T": 1, "ms": 1.7},
+            {"mode": "b", "block_sizes": "swept", "switches_as_shipped": True, "T": 1, "ms": 1.6},
+            {"mode": "c", "block_sizes": "shipped", "switches_as_shipped": False, "T": 1, "ms": 1.0}]
+    assert gpu_modes.fastest_table(rows) == "swept"
+    assert gpu_modes.fastest_table(rows[2:]) == "shipped"  # nothing timed with the shipped switches
 
 
 def test_sweep_grid_tries_wide_blocks_for_wide_weights_only():

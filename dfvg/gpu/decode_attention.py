@@ -41,9 +41,25 @@ except ImportError:  # pragma: no cover - depends on the install
     HAVE_GDC = False
 
 
+# Under PDL, whether a launch lets the next one start before it drains (griddepcontrol.launch_dependents; the next
+# still waits for this one to finish before it reads anything): a GEMV after its weight loop, so the next
+# launch's programs take the SMs this one frees and, with `fused.PREFETCH_COLUMNS`, prefetch their weights while
+# this one's last programs reduce and store; and the attention merge at once, so the O projection after it
+# prefetches during the merge (48 short programs at T = 1). (A trigger right after the wait in every launch
+# measured slower, 1.01-1.17x per step on 2026-12-04; the split launch keeps the implicit trigger at its exit,
+# which is where its work ends.) Off until a lease times it: benchmarks/gpu_modes.py.
+EARLY_TRIGGER = False
+
+
 def pdl_on(device: torch.device) -> bool:
     """Whether launches on `device` use programmatic dependent launch (PDL, a Triton that has it, sm_90+)."""
     return PDL and HAVE_GDC and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def early_trigger_on(device: torch.device) -> bool:
+    """Whether launches on `device` let the next one start early (`EARLY_TRIGGER`, under PDL)."""
+    return EARLY_TRIGGER and pdl_on(device)
+
 
 if HAVE_TRITON:
     import triton
@@ -60,11 +76,18 @@ if HAVE_TRITON:
     def _after_previous_launch(PDL: tl.constexpr):
         """Under programmatic dependent launch this program may start before the previous launch has finished:
         wait until it has and its writes are visible (before any read or write of activations, caches or
-        counters). No explicit trigger: a program that exits counts as one, so the next launch starts as this
-        one drains (an early trigger, right after the wait, measured slower: dependents' programs then take
-        SM slots while they wait)."""
+        counters). Without `_let_next_launch_start` a program that exits counts as the trigger, so the next launch
+        starts as this one drains (an early trigger, right after the wait, measured slower: dependents'
+        programs then take SM slots while they wait)."""
         if PDL:
             tl.extra.cuda.gdc_wait()
+
+    @triton.jit
+    def _let_next_launch_start(TRIGGER: tl.constexpr):
+        """With TRIGGER (`EARLY_TRIGGER`, under PDL): the next launch may start once every program of this one
+        has come here or exited; it still waits for this launch to finish before it reads what this wrote."""
+        if TRIGGER:
+            tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
     def _source_slots(s, t, pos, root_ptr, anc_ptr, TREE: tl.constexpr, DEPTH: tl.constexpr):
@@ -154,13 +177,14 @@ if HAVE_TRITON:
     @triton.jit(do_not_specialize=["rows"])
     def _attention_combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
                                   KV_HEADS: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
-                                  NS: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr):
+                                  NS: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr):
         """Program (head, row, BD columns): merge the live splits' (m, l, acc) of one query row -> out
         [rows, HEADS*HD]. Columns in separate programs so a 32k context (512 splits) is not a few long
         serial loops. Splits past the row's own position hold m = -inf and add exact zeros, so the sum is
         the one a T = 1 step makes."""
         GROUP: tl.constexpr = HEADS // KV_HEADS
         _after_previous_launch(PDL)
+        _let_next_launch_start(TRIGGER)
         head = tl.program_id(0)
         t = tl.program_id(1)
         kv = head // GROUP
@@ -233,7 +257,7 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
     l_sum = torch.empty_like(m)
     acc = torch.empty(splits, kv_heads, rows, TILE, hd, dtype=torch.float32, device=q.device)
     root, anc = tree if tree is not None else (pos, pos)
-    pdl = pdl_on(q.device)
+    pdl, trigger = pdl_on(q.device), early_trigger_on(q.device)
     grid = (min(kv_heads * splits * rows, _split_programs(q.device)),)
     _attention_split_kernel[grid](q, kc, vc, pos, root, anc, m, l_sum, acc, rows, _programs_wanted(q.device),
                                   1.0 / math.sqrt(hd), HEADS=heads, KV_HEADS=kv_heads, HD=hd, F32=INTERPRETED,
@@ -243,6 +267,6 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
     block_d = min(hd, 32)
     _attention_combine_kernel[(heads, rows, hd // block_d)](pos, m, l_sum, acc, out, rows, HEADS=heads,
                                                             KV_HEADS=kv_heads, HD=hd, BM=TILE, BS=ATTENTION_SPLIT,
-                                                            NS=64, BD=block_d, PDL=pdl, num_warps=4,
-                                                            launch_pdl=pdl)
+                                                            NS=64, BD=block_d, PDL=pdl, TRIGGER=trigger,
+                                                            num_warps=4, launch_pdl=pdl)
     return out

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from dfvg.gpu.block_sizes import linear_config
-from dfvg.gpu.decode_attention import INTERPRETED, attention, pdl_on
+from dfvg.gpu.decode_attention import INTERPRETED, attention, early_trigger_on, pdl_on
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.gpu.tree_rows import TreeRows
 
@@ -52,13 +52,24 @@ from dfvg.gpu.tree_rows import TreeRows
 # of up to 32 or 64 rows one tile, at the price of a taller tile for a one-row decode step.
 TILE_ROWS = 16
 MAX_ROWS = 64  # new tokens per launch: MAX_ROWS / TILE_ROWS row tiles
+# A GEMV launch may stream its weights while the launch before it drains (programmatic dependent launch, so
+# sm_90 and a GPU; no bit changes: weights are read-only during a step). Before its wait on the previous launch,
+# each program asks L2 for the first PREFETCH_COLUMNS columns of each of its weight rows
+# (`gemv_stream._prefetch_weights`; 0: none), so the stream is under way when the wait returns. With
+# `decode_attention.EARLY_TRIGGER` the launch before lets it start early enough for that to overlap. All columns
+# (K) would ask for a whole launch's first wave at once, about L2's size for the gate/up and LM head launches:
+# lines could be evicted before they are read, hence a bound to time. (A first version, in which every thread
+# asked for all of its program's rows, cost 1.28-1.47x per step in redundant L2 requests: benchmarks/RESULTS.md,
+# 2026-12-04 evening; here each thread asks for its own piece.) Off until a lease times it:
+# benchmarks/gpu_modes.py runs it beside the shipped step (gpu_rows.py's launch modes).
+PREFETCH_COLUMNS = 0
 
 if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from dfvg.gpu.decode_attention import _after_previous_launch
-    from dfvg.gpu.gemv_stream import _program, _reduce_splits, _stream
+    from dfvg.gpu.decode_attention import _after_previous_launch, _let_next_launch_start
+    from dfvg.gpu.gemv_stream import _prefetch_weights, _program, _reduce_splits, _stream
 
     @triton.jit
     def _linear_out(acc, acc_up, t0, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU: tl.constexpr,
@@ -82,14 +93,17 @@ if HAVE_TRITON:
     def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
                        K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+                       BK: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+                       TRIGGER: tl.constexpr, THREADS: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
         block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         n0 = block * BN
         n_rows = 2 * N if SWIGLU else N
+        _prefetch_weights(w_ptr, n0, N + n0, n_rows, K, split * k_len, k_len, t0, SWIGLU, BN, THREADS, PREFETCH)
         _after_previous_launch(PDL)
         acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0, split * k_len, k_len, K,
                               eps, NORM, SWIGLU, F32, BT, BN, BK)
+        _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
             acc, acc_up, last = _reduce_splits(acc, acc_up, part_ptr, count_ptr, tile, split, SWIGLU, SPLIT_K, BT,
@@ -141,7 +155,7 @@ if HAVE_TRITON:
                          part_ptr, count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr,
                          KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
                          BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
-                         PDL: tl.constexpr):
+                         PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
         position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
@@ -151,9 +165,12 @@ if HAVE_TRITON:
         head = block // chunks
         lo = (block % chunks) * BN + tl.arange(0, BN)  # column within the head's first half
         row_lo = head * HD + (block % chunks) * BN
+        _prefetch_weights(w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD, K, split * k_len, k_len, t0,
+                          True, BN, THREADS, PREFETCH)
         _after_previous_launch(PDL)
         acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
                                  rows, t0, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK)
+        _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
             acc_lo, acc_hi, last = _reduce_splits(acc_lo, acc_hi, part_ptr, count_ptr, tile, split, True, SPLIT_K,
@@ -166,12 +183,19 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _launch_options(x: Tensor, cfg: dict) -> dict:
-    """Keyword arguments of a fused GEMV launch: its block sizes, and programmatic dependent launch where the
-    GPU has it."""
+def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool) -> dict:
+    """Keyword arguments of a fused GEMV launch: its block sizes, programmatic dependent launch where the GPU
+    has it, and with it the weight prefetch and early trigger where switched on. A prefetch asks for whole
+    16-byte units from 16-byte aligned rows (K and the column count multiples of 8), a piece per thread, so
+    not for more rows per program (two blocks of BN with `pair`) than the program has threads."""
     pdl = pdl_on(x.device)
+    threads = 32 * cfg["num_warps"]
+    can_prefetch = (pdl and weight.data_ptr() % 16 == 0 and weight.shape[1] % 8 == 0
+                    and (2 if pair else 1) * cfg["BN"] <= threads)
     return {"BT": TILE_ROWS, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
-            "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl}
+            "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl,
+            "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "TRIGGER": early_trigger_on(x.device),
+            "THREADS": threads}
 
 
 def _grid(cfg: dict, blocks: int, rows: int) -> tuple[int]:
@@ -212,7 +236,7 @@ def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias:
         x, x.stride(0), norm if norm is not None else weight, weight, bias if bias is not None else weight,
         residual if residual is not None else weight, out, parts, counters, rows, n, k, k_len, eps,
         NORM=norm is not None, SWIGLU=swiglu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        F32=INTERPRETED, **_launch_options(x, cfg))
+        F32=INTERPRETED, **_launch_options(x, weight, cfg, swiglu))
     return out
 
 
@@ -232,7 +256,7 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
         x, norm, weight, bias if bias is not None else weight, pos, pos if slots is None else slots, cos, sin, q,
         kc, vc, parts, counters, rows, k,
         k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None, F32=INTERPRETED,
-        **_launch_options(x, cfg))
+        **_launch_options(x, weight, cfg, True))
     return q
 
 

@@ -34,6 +34,46 @@ if HAVE_TRITON:
                        other=0.0, eviction_policy="evict_first")
 
     @triton.jit
+    def _weight_pieces(row0, row1, n_rows, K: tl.constexpr, k_lo, k_len, PAIR: tl.constexpr, BN: tl.constexpr,
+                       THREADS: tl.constexpr):
+        """A program's weight rows (row0.. and, with PAIR, row1..; BN each) over columns k_lo..k_lo+k_len, in
+        THREADS pieces, one per thread: (element offset into W, element count) each. Each row's span is cut in
+        THREADS / rows pieces of whole 16-byte units; a piece past its row's span, or of a row past n_rows, is
+        empty."""
+        GROUPS: tl.constexpr = 2 if PAIR else 1
+        PARTS: tl.constexpr = THREADS // (GROUPS * BN)  # pieces per row
+        tl.static_assert(PARTS >= 1, "more weight rows than threads in a program")
+        i = tl.arange(0, THREADS)
+        r = i // PARTS
+        row = tl.where(r < BN, row0 + r, row1 + r - BN)
+        span = tl.minimum(k_len, K - k_lo)
+        piece = tl.cdiv(tl.cdiv(span, PARTS), 8) * 8  # bf16 elements: whole 16-byte units
+        start = k_lo + (i % PARTS) * piece
+        count = tl.where(row < n_rows, tl.minimum(piece, k_lo + span - start), 0)
+        return row.to(tl.int64) * K + start, tl.maximum(count, 0)
+
+    @triton.jit
+    def _prefetch_weights(w_ptr, row0, row1, n_rows, K: tl.constexpr, k_lo, k_len, t0, PAIR: tl.constexpr,
+                          BN: tl.constexpr, THREADS: tl.constexpr, COLUMNS: tl.constexpr):
+        """Ask L2 for the first COLUMNS columns of this program's weights (`_weight_pieces`) before the program
+        waits for the previous launch (`fused.PREFETCH_COLUMNS`; 0: nothing; sm_90, never under the
+        interpreter). Only the first row tile's program asks: the others of a T-row launch read the same block.
+
+        Why: weights are never written during a step, so nothing forbids streaming them while the launch before
+        drains; without this, each of a step's ~110 GEMV launches starts its HBM stream only after the wait, and
+        pays the ramp of a cold stream once per launch. An L2 prefetch is a hint, not a load: L2 is the point of
+        coherence for every SM, so it cannot make a later load see stale data, and it holds no registers while
+        the program waits. One `cp.async.bulk.prefetch.L2` per thread (none for an empty piece)."""
+        if COLUMNS > 0:
+            if t0 == 0:
+                offset, count = _weight_pieces(row0, row1, n_rows, K, k_lo, tl.minimum(k_len, COLUMNS), PAIR, BN,
+                                               THREADS)
+                tl.inline_asm_elementwise(
+                    "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; "
+                    "mov.u32 $0, 0; }", "=r,l,r", [w_ptr + offset, count * 2], dtype=tl.int32, is_pure=False,
+                    pack=1)
+
+    @triton.jit
     def _inv_rms(x_ptr, x_stride, rows, t0, K: tl.constexpr, eps, BT: tl.constexpr, BK: tl.constexpr):
         """1/RMS of rows t0..t0+BT of x [BT], summed in fixed BK steps (the same order for every row count).
 

@@ -1,0 +1,124 @@
+"""Code variants of the target step timed side by side (gpu_rows.py's part 5): module switches of the fused layers
+and block-size tables, each captured per (context, T) and replayed in alternating rounds, so drift hits every
+variant alike; and whether each variant's logits equal the first one's bit for bit.
+
+Why its own module: the variants are how a kernel change earns its place (a lease times it beside the shipped
+step, then the default flips); gpu_rows.py keeps the step's cost, invariance and the cuBLAS physics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.gpu_speed import cuda_median_ms
+from dfvg.gpu import block_sizes, decode_attention, fused
+from dfvg.gpu.graphs import GraphModel, capture_graph
+
+MODE_ROWS = (1, 5, 16, 17, 33, 64)
+TALL_TILES = (32, 64)  # row-tile heights timed beside the shipped one (`fused.TILE_ROWS`)
+MODE_CONTEXTS = (512, 32704)
+# weight columns per row a GEMV program prefetches to L2 in the streaming-ahead modes: a third of a 1536-wide row,
+# and all of every row (8960 covers the down projection's too)
+PREFETCHES = (512, 8960)
+
+
+def current_mode() -> dict:
+    """The module switches as they are now (as shipped, outside `launch_modes`), with the shipped table."""
+    return {"pdl": decode_attention.PDL, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
+            "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS,
+            "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER}
+
+
+def modes_of(tables: dict[str, list]) -> dict[str, dict]:
+    """Code variants timed side by side: the module switches (PDL, shared K/V, the attention grid, the GEMVs'
+    tile height) and a block-size table each. The first is the attention before the 2026-12-04 change; then
+    the shipped code, other tables, taller row tiles (32 or 64 rows, with the shipped table), and the GEMVs
+    streaming ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
+    shipped = current_mode()
+    modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
+                                                                      "split_programs": None},
+             "K/V shared, a split program per (kv, split, token)": {**shipped, "split_programs": None},
+             f"K/V shared, {shipped['split_programs']} split programs per SM (shipped)": shipped}
+    modes |= {f"shipped with the {name} block sizes": {**shipped, "table": name}
+              for name in tables if name != "shipped"}
+    modes |= {f"shipped with {rows}-row tiles": {**shipped, "tile_rows": rows} for rows in TALL_TILES}
+    ahead = {(0, True): "next launch triggered after the weight loop"}
+    for columns in PREFETCHES:
+        ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",
+                  (columns, True): f"{columns}-column prefetch and early trigger"}
+    return modes | {f"shipped, {name}": {**shipped, "prefetch": prefetch, "trigger": trigger}
+                    for (prefetch, trigger), name in ahead.items()
+                    if (prefetch, trigger) != (shipped["prefetch"], shipped["trigger"])}
+
+
+def _set_mode(mode: dict, tables: dict[str, list]) -> None:
+    fused.TILE_ROWS = mode["tile_rows"]
+    fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER = mode["prefetch"], mode["trigger"]
+    decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
+    decode_attention.SPLIT_PROGRAMS_PER_SM = mode["split_programs"]
+    block_sizes.TUNED.clear()
+    block_sizes.apply_tuned(tables[mode["table"]])
+
+
+def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None = None, rounds: int = 5) -> list[dict]:
+    """ms per step of each (mode, context, T), the median over alternating rounds (so drift hits every mode
+    alike), and whether the mode's logits equal the first mode's bit for bit (the switches change which
+    program computes a row, never how; other block sizes may change the sums)."""
+    vocab = gm.model.config.vocab_size
+    modes = modes_of(tables)
+    unknown = set(only or ()) - set(modes)
+    if unknown:
+        raise SystemExit(f"unknown launch mode(s) {sorted(unknown)}; known: {'; '.join(modes)}")
+    modes = {name: mode for name, mode in modes.items() if not only or name in only}
+    shipped = current_mode()
+    graphs = {}
+    try:
+        for name, mode in modes.items():
+            _set_mode(mode, tables)
+            for context in MODE_CONTEXTS:
+                for rows in MODE_ROWS:
+                    torch.manual_seed(rows)
+                    ids = torch.randint(0, vocab, (1, rows), device="cuda")
+                    pos = torch.arange(context - rows, context, device="cuda")
+                    graph, out = capture_graph(lambda ids=ids, pos=pos: gm.forward(ids, pos), gm.device)
+                    graphs[name, context, rows] = graph, out, (ids, pos)  # the graph reads ids, pos: keep them
+    finally:
+        _set_mode(shipped, tables)
+    times: dict = {key: [] for key in graphs}
+    for _ in range(rounds):
+        for key, (graph, _out, _inputs) in graphs.items():
+            times[key].append(cuda_median_ms(graph.replay, 10))
+    first = next(iter(modes))
+    out = []
+    for (name, context, rows), (graph, logits, _inputs) in graphs.items():
+        graph.replay()
+        reference_graph, reference, _ = graphs[first, context, rows]
+        reference_graph.replay()  # (same tokens and positions: the cache holds the same K/V after either)
+        ms, base = sorted(times[name, context, rows])[rounds // 2], sorted(times[first, context, rows])[rounds // 2]
+        out.append({"mode": name, "block_sizes": modes[name]["table"], "tile_rows": modes[name]["tile_rows"],
+                    "switches_as_shipped": _switches(modes[name]) == _switches(shipped),
+                    "context": context, "T": rows, "ms": ms,
+                    "ratio_to_first_mode": ms / base,
+                    "logits_identical_to_first_mode": bool(torch.equal(logits, reference))})
+        print(f"  {name:45s} context {context:5d} T={rows:2d}: {ms:.3f} ms ({ms / base:.3f}x the first mode), "
+              f"logits identical: {out[-1]['logits_identical_to_first_mode']}", flush=True)
+    return out
+
+
+def _switches(mode: dict) -> dict:
+    """A mode's module switches: everything but its block-size table."""
+    return {key: value for key, value in mode.items() if key != "table"}
+
+
+def fastest_table(modes: list[dict]) -> str:
+    """The block-size table of the mode whose step is fastest at T = 1 + T = 5 (the whole step decides), among
+    the modes whose switches are the shipped ones (a table is tuned for one tile height, and a faster switch
+    must not make its mode's table look faster); the shipped table where none was timed."""
+    cost: dict = {}
+    for r in modes:
+        if r["T"] in (1, 5) and r["switches_as_shipped"]:
+            cost[r["mode"]] = cost.get(r["mode"], 0.0) + r["ms"]
+    if not cost:
+        return "shipped"
+    best = min(cost, key=cost.get)
+    return next(r["block_sizes"] for r in modes if r["mode"] == best)
