@@ -22,13 +22,16 @@ needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not install
 
 # (what, N rows of W, K, first row, second row or None, k_lo, k_len, BN, threads): programs of the 1.5B target's
 # launches with their shipped block sizes (gate/up: a pair; down: split-K, first and last split; QKV: a v head's
-# halves; LM head: the last block), and made-up ones whose spans and blocks do not divide evenly
+# halves, whole and its last split; O and the LM head: the last block), and made-up ones whose spans and blocks do
+# not divide evenly
 CASES = [
     ("gate/up, last block", 2 * 8960, 1536, 8928, 8960 + 8928, 0, 1536, 32, 128),
     ("gate/up, first 512 columns", 2 * 8960, 1536, 0, 8960, 0, 512, 32, 128),
     ("down, split 0 of 8", 1536, 8960, 32, None, 0, 1152, 32, 128),
     ("down, split 7 of 8", 1536, 8960, 1504, None, 7 * 1152, 1152, 32, 128),
     ("qkv, last v head", 2048, 1536, 15 * 128 + 32, 15 * 128 + 96, 0, 1536, 32, 256),
+    ("qkv, split 3 of 4", 2048, 1536, 15 * 128 + 32, 15 * 128 + 96, 3 * 384, 384, 32, 256),
+    ("o proj, last block", 1536, 1536, 1520, None, 0, 1536, 16, 128),
     ("lm head, last block", 151936, 1536, 151872, None, 0, 1536, 64, 128),
     ("block past N", 100, 200, 96, None, 0, 200, 32, 128),
     ("pair past N", 2 * 40, 200, 32, 40 + 32, 0, 200, 16, 128),
@@ -153,28 +156,38 @@ def test_every_launch_compiles_its_prefetch_before_the_wait_and_its_trigger_afte
             assert prefetch < wait < min(where["mma.sync"]) and trigger > max(where["mma.sync"]), (shape, TUNED[shape])
 
 
-def linear_outputs(columns: int, trigger: bool, repeats: int = 20) -> list:
-    """fused_linear on the 1.5B target's shapes with their shipped block sizes (gate/up: a pair; down: split-K 8,
-    sharing one counter buffer over the repeats; the LM head's width) at T = 1 and 5, with the switches given;
-    asserts the switches reach the launch."""
+def launch_outputs(columns: int, trigger: bool, repeats: int = 20) -> list:
+    """The 1.5B target's five GEMV launches at their real shapes and shipped block sizes (QKV + RoPE: a pair of
+    half heads, split-K 4, writing a cache; O + residual; gate/up: a SwiGLU pair; down: split-K 8; the LM head),
+    sharing one counter buffer over the repeats, at T = 1 and 5, with the switches given; asserts that the
+    switches reach the launch."""
     from dfvg.gpu import decode_attention, fused
 
     shipped = fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER
     fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER = columns, trigger
     try:
         torch.manual_seed(0)
+
+        def weights(*shape):
+            return torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 0.02
+
         x, h = (torch.randn(5, k, device="cuda", dtype=torch.bfloat16) for k in (1536, 8960))
-        w13 = torch.randn(2 * 8960, 1536, device="cuda", dtype=torch.bfloat16) * 0.02
-        w2 = torch.randn(1536, 8960, device="cuda", dtype=torch.bfloat16) * 0.02
-        head = torch.randn(151936, 1536, device="cuda", dtype=torch.bfloat16) * 0.02
+        wqkv, bqkv, wo, w13, w2, head = (weights(2048, 1536), weights(2048), weights(1536, 1536),
+                                         weights(2 * 8960, 1536), weights(1536, 8960), weights(151936, 1536))
         g = torch.rand(1536, device="cuda", dtype=torch.bfloat16) + 0.5
+        cos, sin = torch.rand(64, 128, device="cuda"), torch.rand(64, 128, device="cuda")
+        kc, vc = (torch.zeros(64, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         counters = fused.new_counters("cuda")
         options = fused._launch_options(x, w2, fused.linear_config(1536, 8960), False)
         assert options["PREFETCH"] == columns // 8 * 8 and options["TRIGGER"] == trigger, options
         outs = []
         for _ in range(repeats):
             for rows in (1, 5):
-                outs += [fused.fused_linear(x[:rows], w13, norm=g, swiglu=True, counters=counters),
+                pos = torch.arange(40, 40 + rows, device="cuda")
+                outs += [fused.qkv_rope(x[:rows], g, wqkv, bqkv, pos, cos, sin, kc, vc, (12, 2, 128, 8960, 1e-6),
+                                        counters=counters), kc.clone(), vc.clone(),
+                         fused.fused_linear(x[:rows], wo, residual=x[:rows], counters=counters),
+                         fused.fused_linear(x[:rows], w13, norm=g, swiglu=True, counters=counters),
                          fused.fused_linear(h[:rows], w2, residual=x[:rows], counters=counters),
                          fused.fused_linear(x[:rows], head, norm=g, counters=counters)]
         torch.cuda.synchronize()
@@ -196,11 +209,11 @@ def needs_sm90_pdl() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("columns,trigger", [(512, False), (0, True), (512, True), (8960, True)])
 def test_streaming_ahead_changes_no_bit_of_the_targets_launches_on_gpu(columns, trigger):
-    """The target's GEMV launches, repeated with shared split-K counters, give the same bits with the switches as
-    without (a partial-column prefetch among them)."""
+    """The target's five GEMV launches, repeated with shared split-K counters, give the same bits (and cache
+    writes) with the switches as without (a partial-column prefetch among them)."""
     needs_sm90_pdl()
-    shipped = linear_outputs(0, False)
-    ahead = linear_outputs(columns, trigger)
+    shipped = launch_outputs(0, False)
+    ahead = launch_outputs(columns, trigger)
     assert all(torch.equal(a, b) for a, b in zip(shipped, ahead, strict=True))
     assert shipped[0].abs().sum() > 0
 

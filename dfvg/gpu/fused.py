@@ -59,8 +59,8 @@ MAX_ROWS = 64  # new tokens per launch: MAX_ROWS / TILE_ROWS row tiles
 # `decode_attention.EARLY_TRIGGER` the launch before lets it start early enough for that to overlap. All columns
 # (K) would ask for a whole launch's first wave at once, about L2's size for the gate/up and LM head launches:
 # lines could be evicted before they are read, hence a bound to time. (A first version, in which every thread
-# asked for all of its program's rows, cost 1.28-1.47x per step in redundant L2 requests: benchmarks/RESULTS.md,
-# 2026-12-04 evening; here each thread asks for its own piece.) Off until a lease times it:
+# issued the row prefetches, cost 1.28-1.47x per step in redundant L2 requests: benchmarks/RESULTS.md, "Issue 16,
+# 2026-12-04 (14:55-15:22 UTC)"; here each thread asks for its own piece.) Off until a lease times it:
 # benchmarks/gpu_modes.py runs it beside the shipped step (gpu_rows.py's launch modes).
 PREFETCH_COLUMNS = 0
 
