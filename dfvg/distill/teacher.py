@@ -16,6 +16,7 @@ Example: prompts [5, 6, 7] and [8, 9]: prefill feeds [[5, 6], [8, pad]] at [[0, 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -91,14 +92,21 @@ def generate_batch(model: Transformer, prompts: list[list[int]], max_new_tokens:
 def generate_all(model: Transformer, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int],
                  top_k: int, sampling: SamplingParams, seed: int, batch_size: int,
                  log=print) -> list[TeacherSequence]:
-    """All prompts in batches of similar length (less padding), returned in the prompts' order."""
+    """All prompts in batches of similar length (less padding), returned in the prompts' order. Each batch's log
+    line gives its tokens and seconds: on a device lease the teacher data took a quarter of the time, at a rate
+    (~2k tokens/s at batch 128 on an H100) that the next lease should explain."""
     generator = torch.Generator().manual_seed(seed)
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     out: list[TeacherSequence | None] = [None] * len(prompts)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        for i, seq in zip(chunk, generate_batch(model, [prompts[i] for i in chunk], max_new_tokens, eos_ids,
-                                                top_k, sampling, generator), strict=True):
+        began = time.perf_counter()
+        batch = generate_batch(model, [prompts[i] for i in chunk], max_new_tokens, eos_ids, top_k, sampling,
+                               generator)
+        for i, seq in zip(chunk, batch, strict=True):
             out[i] = seq
-        log(f"teacher: {min(start + batch_size, len(order))}/{len(order)} prompts continued")
+        tokens = sum(len(seq.continuation) for seq in batch)
+        log(f"teacher: {min(start + batch_size, len(order))}/{len(order)} prompts continued "
+            f"({tokens} tokens, {max(len(prompts[i]) for i in chunk)}-token longest prompt, "
+            f"{time.perf_counter() - began:.1f} s)")
     return out
