@@ -325,8 +325,8 @@ class Engine:
                     on_tree = tree if drafter is not None else None  # a prompt short for the tree: its plain lead too
                     lead = max(0, device_tree_prompt_len(drafter, tree, k) - len(warm_prompt)) if on_tree else 0
                     self.decode(drafter, warm_prompt, min(max_new_tokens, k + 2 + lead), k=k, tree=on_tree)
-                    if on_tree and lead == 0:  # a later prompt may be short: its plain lead's graphs now too
-                        self.decode(None, warm_prompt[:2], 2, k=0)
+            if tree is not None and any(d is not None for d in drafters):  # a later prompt may be short for the
+                self.decode(None, warm_prompt[:2], 2, k=0)  # tree: its plain lead's graphs now, once
         if isinstance(self.verifier, GraphVerifier):  # the verify graphs with and without the feature write (a
             # tree's plain lead writes none: a one-token prompt's lead verifies on the host step)
             for on in sorted({self._reads_features(d) for d in drafters} | ({False} if tree is not None else set())):
