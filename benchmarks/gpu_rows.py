@@ -18,19 +18,17 @@ by CUDA events around replays (medians). What it measures:
 3. cuBLAS GEMMs of the same weight shapes for 1 / 5 / 16 / 64 rows in one graph (the physics beside it);
 4. batch invariance on the whole model: logits of a T-row step against T one-row steps from the same
    cache, bit for bit (`rows_identical` per T);
-5. code variants side by side (`gpu_modes.modes_of`): the step at T = 1 .. 64 and contexts 512 and 32k with K/V read
-   per token and a split program per (kv head, split, token) of the cache (the code before), with the K/V tile
+5. code variants side by side (`gpu_modes.modes_of`): the step at T = 1 .. 64 and contexts 512 and 32k with K/V
+   read per token and a split program per (kv head, split, token) of the cache (the code before), with the K/V tile
    shared by a split's tokens (`decode_attention.SHARE_KV`), with the split launch's programs also taking work
    items in turn (`decode_attention.SPLIT_PROGRAMS_PER_SM`; shipped), shipped with each other table (e.g.
    the sweep's), shipped with 32- and 64-row tiles (`fused.TILE_ROWS`: a verify of up to 32 or 64 rows in
    one tile; their invariance is checked too), and shipped with the launches streaming ahead (each GEMV
    program's first 512 or all weight columns prefetched to L2 before its wait, `fused.PREFETCH_COLUMNS`;
    each GEMV launch letting the next start once all its programs passed their weight loop,
-   `decode_attention.EARLY_TRIGGER`;
-   alone and together), timed in alternating rounds; whether every mode's logits equal the first mode's bit
-   for bit;
-   the faster block-size table on the whole step (fastest_tuned.json; among the modes with the shipped
-   switches) is the one the rest of the run uses;
+   `decode_attention.EARLY_TRIGGER`; alone and together), timed in alternating rounds; whether every mode's
+   logits equal the first mode's bit for bit; the faster block-size table on the whole step
+   (fastest_tuned.json; among the modes with the shipped switches) is the one the rest of the run uses;
 6. `--profile`: device time per kernel name in a replayed step at T = 1, 16 and 64, contexts 512 and 32,704
    (torch.profiler).
 """
