@@ -374,3 +374,24 @@ def test_distill_runs_on_the_gpu_in_bf16_teacher_mode(setup):
     assert summary["losses"][-1] < summary["losses"][0]
     model = load_model(setup / "gpu", device="cuda")
     assert model.head_token_ids.device.type == "cuda"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_teacher_graphed_steps_equal_eager_steps_bit_for_bit(setup, temperature):
+    """The teacher's CUDA-graph step replays the eager step's kernels: same tokens, same top-k, same bits. The
+    prompts differ in length, so rows stop at different positions and some pass their EOS before the batch
+    ends; a second batch of other lengths reuses the cache (`setup_cache`) and captures again."""
+    model = load_model(setup / "target", device="cuda", dtype=torch.bfloat16)
+    prompts = [[5, 17, 99], [150, 3, 42, 42, 7, 60], [9], [7] * 40]
+
+    def both(batch: list[list[int]]):
+        return [teacher.generate_batch(model, batch, 24, {EOS_ID}, 8, SamplingParams(temperature),
+                                       torch.Generator().manual_seed(3), graph=graph) for graph in (True, False)]
+
+    for batch in (prompts, prompts[:2]):
+        graphed, eager = both(batch)
+        assert [s.continuation for s in graphed] == [s.continuation for s in eager]
+        assert all(torch.equal(g.topk_ids, e.topk_ids) and torch.equal(g.topk_probs, e.topk_probs)
+                   for g, e in zip(graphed, eager, strict=True))

@@ -65,9 +65,11 @@ def load_projections(head: FeatureHead, directory: str) -> None:
 
 @torch.no_grad()
 def target_features(target: Transformer, ids: Tensor, positions: Tensor) -> Tensor:
-    """The target's final-norm outputs f [B, T, H] in float32 (teacher forced; right padding is garbage)."""
+    """The target's final-norm outputs f [B, T, H] in float32 (teacher forced; right padding is garbage).
+    Every row starts at position 0 (`make_batch`), so attention is causal over the first T slots: a fused
+    kernel, not the whole cache under a mask."""
     target.setup_cache(ids.shape[0], ids.shape[1])
-    return target.norm(target.run_layers(target.embed(ids), positions)).float()
+    return target.norm(target.run_layers(target.embed(ids), positions, causal_prefix=True)).float()
 
 
 def shifted(features: Tensor) -> Tensor:

@@ -1,0 +1,81 @@
+"""Teacher data's speed (`dfvg.distill.teacher.generate_batch`), as the distillation pipeline runs it (each decode
+step one CUDA graph), against the same loop with each step's kernels launched eagerly (as before 2026-12-05
+23:10 UTC), in one run:
+
+    python benchmarks/teacher_speed.py --out $OUT          # on the GPU; writes teacher_speed.json
+
+The target's shapes (Qwen2.5-Coder 1.5B) with random bf16 weights, a batch of 128 prompts of 300-500 random
+tokens, 128 new tokens each (no EOS: every row runs the whole batch). Rounds alternate the two; medians of
+tokens per second. A graph replays the eager kernels in their order, so the run also checks that both give
+the same tokens and the same top-k ids and probabilities, bit for bit (`identical`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
+from dfvg.distill.teacher import generate_batch  # noqa: E402
+from dfvg.sampling import SamplingParams  # noqa: E402
+
+
+def one_batch(model, prompts: list[list[int]], new_tokens: int, graph: bool) -> tuple[float, list]:
+    """Seconds for one generate_batch, and its sequences."""
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    seqs = generate_batch(model, prompts, new_tokens, set(), 8, SamplingParams(), torch.Generator(), graph=graph)
+    torch.cuda.synchronize()
+    return time.perf_counter() - began, seqs
+
+
+def same(a: list, b: list) -> bool:
+    return all(x.continuation == y.continuation and torch.equal(x.topk_ids, y.topk_ids)
+               and torch.equal(x.topk_probs, y.topk_probs) for x, y in zip(a, b, strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    model = random_model(SHAPES["qwen2.5-coder-1.5b"])
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(300, 501, (args.batch,), generator=gen).sort().values.tolist()
+    prompts = [torch.randint(0, 151936, (n,), generator=gen).tolist() for n in lengths]
+    modes = {"graphed step (shipped)": True, "eager step (before)": False}
+    times: dict[str, list[float]] = {name: [] for name in modes}
+    outputs = {}
+    one_batch(model, prompts[:8], 4, True)  # warm-up: kernels loaded, allocator primed
+    for _ in range(args.rounds):
+        for name, graph in modes.items():
+            seconds, outputs[name] = one_batch(model, prompts, args.new_tokens, graph)
+            times[name].append(seconds)
+    tokens = args.batch * args.new_tokens
+    rows = [{"step": name, "seconds": statistics.median(ts), "tokens_per_s": tokens / statistics.median(ts),
+             "rounds": ts} for name, ts in times.items()]
+    identical = same(*outputs.values())
+    print(f"{'step':<24}{'s/batch':>9}{'tok/s':>9}   ({args.batch} rows x {args.new_tokens} tokens, "
+          f"prompts {lengths[0]}-{lengths[-1]}, {torch.cuda.get_device_name()})")
+    for row in rows:
+        print(f"{row['step']:<24}{row['seconds']:>9.2f}{row['tokens_per_s']:>9.0f}")
+    print(f"speedup {rows[1]['seconds'] / rows[0]['seconds']:.2f}x; tokens and top-k identical: {identical}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "teacher_speed.json").write_text(json.dumps(
+        {"device": torch.cuda.get_device_name(), "batch": args.batch, "new_tokens": args.new_tokens,
+         "prompt_lengths": [lengths[0], lengths[-1]], "rows": rows, "identical": identical}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
