@@ -8,6 +8,11 @@ The target's shapes (Qwen2.5-Coder 1.5B) with random bf16 weights, a batch of 12
 tokens, 128 new tokens each (no EOS: every row runs the whole batch). Rounds alternate the two; medians of
 tokens per second. A graph replays the eager kernels in their order, so the run also checks that both give
 the same tokens and the same top-k ids and probabilities, bit for bit (`identical`).
+
+Second table: the target's teacher-forced features for a feature head's training step
+(`dfvg.distill.feature.target_features`, 32 sequences of 640 tokens, as `distill_h200.sh` trains), causal over
+the sequences' own slots (shipped) against the whole cache under a mask (before), with the largest difference
+between the two (bf16: different attention kernels round differently).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
+from dfvg.distill.feature import target_features  # noqa: E402
 from dfvg.distill.teacher import generate_batch  # noqa: E402
 from dfvg.sampling import SamplingParams  # noqa: E402
 
@@ -41,6 +47,33 @@ def one_batch(model, prompts: list[list[int]], new_tokens: int, graph: bool) -> 
 def same(a: list, b: list) -> bool:
     return all(x.continuation == y.continuation and torch.equal(x.topk_ids, y.topk_ids)
                and torch.equal(x.topk_probs, y.topk_probs) for x, y in zip(a, b, strict=True))
+
+
+def feature_times(model, rounds: int, batch: int = 32, length: int = 640) -> dict:
+    """Median ms of the target's teacher-forced features, causal (shipped) and masked (before)."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 151936, (batch, length), generator=gen).cuda()
+    positions = torch.arange(length, device="cuda")[None].expand(batch, length)
+
+    def masked():
+        model.setup_cache(batch, length)
+        return model.norm(model.run_layers(model.embed(ids), positions)).float()
+
+    runs = {"causal (shipped)": lambda: target_features(model, ids, positions), "masked (before)": masked}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    with torch.no_grad():
+        outs = {name: run() for name, run in runs.items()}  # warm-up
+        for _ in range(rounds):
+            for name, run in runs.items():
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                run()
+                end.record()
+                torch.cuda.synchronize()
+                times[name].append(start.elapsed_time(end))
+    diff = (outs["causal (shipped)"] - outs["masked (before)"]).abs().max().item()
+    return {"batch": batch, "length": length, "ms": {name: statistics.median(ts) for name, ts in times.items()},
+            "rounds": times, "max_abs_difference": diff}
 
 
 def main() -> None:
@@ -71,10 +104,15 @@ def main() -> None:
     for row in rows:
         print(f"{row['step']:<24}{row['seconds']:>9.2f}{row['tokens_per_s']:>9.0f}")
     print(f"speedup {rows[1]['seconds'] / rows[0]['seconds']:.2f}x; tokens and top-k identical: {identical}")
+    features = feature_times(model, 2 * args.rounds + 1)
+    print(f"features ({features['batch']} x {features['length']} tokens): "
+          + ", ".join(f"{name} {ms:.1f} ms" for name, ms in features["ms"].items())
+          + f"; largest difference {features['max_abs_difference']:.3g}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "teacher_speed.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name(), "batch": args.batch, "new_tokens": args.new_tokens,
-         "prompt_lengths": [lengths[0], lengths[-1]], "rows": rows, "identical": identical}, indent=1))
+         "prompt_lengths": [lengths[0], lengths[-1]], "rows": rows, "identical": identical,
+         "features": features}, indent=1))
 
 
 if __name__ == "__main__":

@@ -200,6 +200,33 @@ def test_graph_paths_map_head_rows_to_token_ids(distilled, setup):
         assert set(block.tokens) <= allowed
 
 
+def test_teacher_rows_end_at_their_eos_and_the_batch_stops_when_all_have(setup):
+    """Rows that hit an EOS keep running on the device (the host looks every DONE_CHECK_STEPS steps) and are
+    cut afterwards: each continuation, EOS kept, equals a sequential `generate` with the same EOS ids, its top-k
+    rows match it in number, and once every row has ended the batch stops at the next look, not at
+    max_new_tokens. The EOS ids are tokens the rows produce early without them, so every row hits one."""
+    model = load_model(setup / "target")
+    prompts = [[5, 17, 99], [150, 3, 42, 42, 7, 60], [9], [7] * 12, [60, 61]]
+    free = teacher.generate_batch(model, prompts, 40, set(), 8, SamplingParams(), torch.Generator())
+    eos = {seq.continuation[step] for seq, step in zip(free, (2, 6, 9, 0, 11), strict=True)}
+    decode_steps = 0
+    forward = model.forward
+
+    def counted(ids, *args, **kwargs):
+        nonlocal decode_steps
+        decode_steps += ids.shape[1] == 1
+        return forward(ids, *args, **kwargs)
+
+    model.forward = counted
+    seqs = teacher.generate_batch(model, prompts, 40, eos, 8, SamplingParams(), torch.Generator())
+    model.forward = forward
+    assert decode_steps == teacher.DONE_CHECK_STEPS  # every row ended by step 12: stopped at the first look
+    verifier = TorchVerifier(model)
+    for prompt, seq in zip(prompts, seqs, strict=True):
+        assert seq.continuation == generate(verifier, prompt, 40, eos_ids=sorted(eos)).tokens
+        assert seq.continuation[-1] in eos and len(seq.topk_ids) == len(seq.topk_probs) == len(seq.continuation)
+
+
 def test_teacher_forced_acceptance_equals_real_speculative_steps(distilled, setup):
     """evaluate.block_steps reproduces generate()'s steps exactly (greedy, continuation ended by length)."""
     target_model, draft_model = load_model(setup / "target"), load_model(distilled[0])
@@ -381,13 +408,16 @@ def test_distill_runs_on_the_gpu_in_bf16_teacher_mode(setup):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_teacher_graphed_steps_equal_eager_steps_bit_for_bit(setup, temperature):
     """The teacher's CUDA-graph step replays the eager step's kernels: same tokens, same top-k, same bits. The
-    prompts differ in length, so rows stop at different positions and some pass their EOS before the batch
-    ends; a second batch of other lengths reuses the cache (`setup_cache`) and captures again."""
+    prompts differ in length, and two rows' EOS ids are tokens they produce early (a free run's), so rows end
+    at different steps and run on past their EOS; a second batch of other lengths reuses the cache
+    (`setup_cache`) and captures again."""
     model = load_model(setup / "target", device="cuda", dtype=torch.bfloat16)
     prompts = [[5, 17, 99], [150, 3, 42, 42, 7, 60], [9], [7] * 40]
+    free = teacher.generate_batch(model, prompts, 24, set(), 8, SamplingParams(), torch.Generator(), graph=False)
+    eos = {EOS_ID, free[0].continuation[3], free[2].continuation[7]}
 
     def both(batch: list[list[int]]):
-        return [teacher.generate_batch(model, batch, 24, {EOS_ID}, 8, SamplingParams(temperature),
+        return [teacher.generate_batch(model, batch, 24, eos, 8, SamplingParams(temperature),
                                        torch.Generator().manual_seed(3), graph=graph) for graph in (True, False)]
 
     for batch in (prompts, prompts[:2]):

@@ -27,6 +27,8 @@ from dfvg.gpu.graphs import capture_graph
 from dfvg.model import Transformer
 from dfvg.sampling import SamplingParams, processed_probs, sample_from
 
+DONE_CHECK_STEPS = 16  # steps between the host's looks at whether every row ended (each look waits for the GPU)
+
 
 @dataclass
 class TeacherSequence:
@@ -54,9 +56,6 @@ def _prefill(model: Transformer, prompts: list[list[int]], device: torch.device)
     model.run_layers(model.embed(ids.to(device)), positions.to(device), causal_prefix=True)
 
 
-DONE_CHECK_STEPS = 16  # steps between the host's looks at whether every row ended (each look waits for the GPU)
-
-
 def _pick(logits: Tensor, sampling: SamplingParams, uniforms: Tensor | None) -> Tensor:
     """Next ids [B] from logits [B, V]: argmax at temperature 0, else a draw from the processed distribution."""
     if uniforms is None:
@@ -77,10 +76,14 @@ def _decode_step(model: Transformer, current: Tensor, positions: Tensor, graph: 
     """One batched decode step over the static buffers current, positions [B] -> float32 logits [B, V].
 
     With graph (on a GPU), the step is one CUDA graph: the eager forward launches ~1,100 kernels, one by one
-    from Python, which held a batch-128 step of the 1.5B target near 25 ms (H100, 2026-12-05: ~4 k tokens/s
-    whatever the attention kernel; benchmarks/teacher_speed.py) when its GPU work is a few ms. The graph
-    replays the same kernels in the same order, so its outputs are the eager ones bit for bit. Its warm-up and
-    capture run the step on the buffers as they are, writing the K/V the first replay writes again."""
+    from Python, which held a batch-128 step of the 1.5B target near 25 ms with every row running (H100,
+    2026-12-05 22:53 UTC, with either attention kernel: RESULTS.md) when its GPU work is a few ms. The graph
+    replays the same kernels in the same order, so its outputs are the eager ones bit for bit. Its warm-up
+    runs the step on the buffers as they are, writing the K/V the first replay writes again. With a graph,
+    the logits returned are its output buffer: the next call overwrites them."""
+    if graph and current.device.type != "cuda":
+        raise ValueError(f"a CUDA graph needs a CUDA model, this one is on {current.device}")
+
     def body() -> Tensor:
         return model(current[:, None], positions[:, None], last_only=True)[:, 0]
 
