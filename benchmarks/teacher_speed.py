@@ -6,8 +6,9 @@ step one CUDA graph), against the same loop with each step's kernels launched ea
 
 The target's shapes (Qwen2.5-Coder 1.5B) with random bf16 weights, a batch of 128 prompts of 300-500 random
 tokens, 128 new tokens each (no EOS: every row runs the whole batch). Rounds alternate the two; medians of
-tokens per second. A graph replays the eager kernels in their order, so the run also checks that both give
-the same tokens and the same top-k ids and probabilities, bit for bit (`identical`).
+tokens per second. The run also reports how far the two agree (`agreement`): a graph replays the same
+operations, but at these shapes it need not pick the same GEMM kernels (the first run, 23:44 UTC, found the
+outputs not bit-identical, where the tiny model of the GPU test is).
 
 Second table: the target's teacher-forced features for a feature head's training step
 (`dfvg.distill.feature.target_features`, 32 sequences of 640 tokens, as `distill_h200.sh` trains), causal over
@@ -44,9 +45,22 @@ def one_batch(model, prompts: list[list[int]], new_tokens: int, graph: bool) -> 
     return time.perf_counter() - began, seqs
 
 
-def same(a: list, b: list) -> bool:
-    return all(x.continuation == y.continuation and torch.equal(x.topk_ids, y.topk_ids)
-               and torch.equal(x.topk_probs, y.topk_probs) for x, y in zip(a, b, strict=True))
+def agreement(a: list, b: list) -> dict:
+    """How far two runs' outputs agree: rows identical in tokens and top-k bits, tokens before each row's first
+    difference (mean), and at the first step (same prefill, one step of each) the rows whose top-k ids match
+    and the largest difference of a top-k probability."""
+    def lead(x: list[int], y: list[int]) -> int:
+        return next((i for i, (s, t) in enumerate(zip(x, y, strict=True)) if s != t), len(x))
+
+    pairs = list(zip(a, b, strict=True))
+    return {"rows": len(pairs),
+            "rows_identical": sum(x.continuation == y.continuation and torch.equal(x.topk_ids, y.topk_ids)
+                                  and torch.equal(x.topk_probs, y.topk_probs) for x, y in pairs),
+            "mean_tokens_before_first_difference": statistics.mean(lead(x.continuation, y.continuation)
+                                                                   for x, y in pairs),
+            "first_step_topk_ids_equal": sum(torch.equal(x.topk_ids[0], y.topk_ids[0]) for x, y in pairs),
+            "first_step_max_prob_difference": max((x.topk_probs[0] - y.topk_probs[0]).abs().max().item()
+                                                  for x, y in pairs)}
 
 
 def feature_times(model, rounds: int, batch: int = 32, length: int = 640) -> dict:
@@ -98,12 +112,12 @@ def main() -> None:
     tokens = args.batch * args.new_tokens
     rows = [{"step": name, "seconds": statistics.median(ts), "tokens_per_s": tokens / statistics.median(ts),
              "rounds": ts} for name, ts in times.items()]
-    identical = same(*outputs.values())
+    agree = agreement(*outputs.values())
     print(f"{'step':<24}{'s/batch':>9}{'tok/s':>9}   ({args.batch} rows x {args.new_tokens} tokens, "
           f"prompts {lengths[0]}-{lengths[-1]}, {torch.cuda.get_device_name()})")
     for row in rows:
         print(f"{row['step']:<24}{row['seconds']:>9.2f}{row['tokens_per_s']:>9.0f}")
-    print(f"speedup {rows[1]['seconds'] / rows[0]['seconds']:.2f}x; tokens and top-k identical: {identical}")
+    print(f"speedup {rows[1]['seconds'] / rows[0]['seconds']:.2f}x; agreement: {agree}")
     features = feature_times(model, 2 * args.rounds + 1)
     print(f"features ({features['batch']} x {features['length']} tokens): "
           + ", ".join(f"{name} {ms:.1f} ms" for name, ms in features["ms"].items())
@@ -111,7 +125,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "teacher_speed.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name(), "batch": args.batch, "new_tokens": args.new_tokens,
-         "prompt_lengths": [lengths[0], lengths[-1]], "rows": rows, "identical": identical,
+         "prompt_lengths": [lengths[0], lengths[-1]], "rows": rows, "agreement": agree,
          "features": features}, indent=1))
 
 

@@ -406,8 +406,10 @@ def test_distill_runs_on_the_gpu_in_bf16_teacher_mode(setup):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_teacher_graphed_steps_equal_eager_steps_bit_for_bit(setup, temperature):
-    """The teacher's CUDA-graph step replays the eager step's kernels: same tokens, same top-k, same bits. The
+def test_teacher_graphed_steps_equal_eager_steps(setup, temperature):
+    """The teacher's CUDA-graph step runs the eager step's operations on buffers it updates in place: the same
+    tokens and top-k ids, probabilities within bf16 rounding (a graph need not get the same GEMM kernels: at
+    the target's shapes it did not, benchmarks/teacher_speed.py; at these it did, bit for bit). The
     prompts differ in length, and two rows' EOS ids are tokens they produce early (a free run's), so rows end
     at different steps and run on past their EOS; a second batch of other lengths reuses the cache
     (`setup_cache`) and captures again."""
@@ -423,5 +425,6 @@ def test_teacher_graphed_steps_equal_eager_steps_bit_for_bit(setup, temperature)
     for batch in (prompts, prompts[:2]):
         graphed, eager = both(batch)
         assert [s.continuation for s in graphed] == [s.continuation for s in eager]
-        assert all(torch.equal(g.topk_ids, e.topk_ids) and torch.equal(g.topk_probs, e.topk_probs)
-                   for g, e in zip(graphed, eager, strict=True))
+        for g, e in zip(graphed, eager, strict=True):
+            assert torch.equal(g.topk_ids, e.topk_ids)
+            torch.testing.assert_close(g.topk_probs, e.topk_probs, rtol=0, atol=2e-2)
