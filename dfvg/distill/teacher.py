@@ -76,8 +76,8 @@ def _decode_step(model: Transformer, current: Tensor, positions: Tensor, graph: 
     """One batched decode step over the static buffers current, positions [B] -> float32 logits [B, V].
 
     With graph (on a GPU), the step is one CUDA graph: the eager forward launches ~1,100 kernels, one by one
-    from Python: a batch of 128 rows x 128 steps took 5.29 s eager and 1.36 s graphed (H100, 2026-12-05,
-    benchmarks/teacher_speed.py). The graph runs the same operations; at the target's shapes it need not get
+    from Python: a batch of 128 rows x 128 steps took 1.36 s graphed against 3.3-5.4 s eager (H100,
+    2026-12-05, benchmarks/teacher_speed.py). The graph runs the same operations; at the target's shapes it need not get
     the same GEMM kernels as eager calls (its outputs were not bit-identical there), and either is the target's
     own bf16 computation. Its warm-up runs the step on the buffers as they are, writing the K/V the first replay
     writes again. With a graph, the logits returned are its output buffer: the next call overwrites them."""
