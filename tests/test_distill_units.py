@@ -163,3 +163,46 @@ def test_training_restores_the_callers_tf32_setting():
         assert torch.backends.cuda.matmul.allow_tf32 is False
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_target_features_are_each_sequences_own_kept_once_and_bounded_by_the_budget():
+    """`feature.TargetFeatures` gives a batch the batched teacher-forced pass's features (each sequence's own
+    pass, zeros past its length), runs the target once per kept sequence, and keeps nothing past its budget."""
+    from dfvg.distill import feature
+    from dfvg.distill.teacher import TeacherSequence
+    from dfvg.distill.train import make_batch
+    from dfvg.model import Transformer
+
+    torch.manual_seed(0)
+    target = Transformer(ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
+                                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=1e4,
+                                     attention_bias=True)).eval()
+
+    def seq(prompt, continuation):
+        return TeacherSequence(prompt, continuation, torch.zeros(len(continuation), 2, dtype=torch.int32),
+                               torch.zeros(len(continuation), 2))
+
+    seqs = [seq([3, 4, 5], [6, 7]), seq([9], [10, 11, 12, 13, 14, 15]), seq([1, 2, 3, 4, 5, 6], [7])]
+    ids, positions, mask, _, _ = make_batch(seqs, torch.device("cpu"))
+    lengths = [len(s.prompt) + len(s.continuation) - 1 for s in seqs]
+    passes = 0
+    run_layers = target.run_layers
+
+    def counted(*args, **kwargs):
+        nonlocal passes
+        passes += 1
+        return run_layers(*args, **kwargs)
+
+    target.run_layers = counted
+    store = feature.TargetFeatures(target, budget=1 << 20)
+    got = store.batch(ids, mask)
+    assert passes == 3 and len(store.kept) == 3
+    want = feature.target_features(target, ids, positions)
+    for row, length in enumerate(lengths):
+        torch.testing.assert_close(got[row, :length], want[row, :length], rtol=1e-5, atol=1e-5)
+        assert not got[row, length:].any()
+    assert not torch.allclose(got[0, :4], got[1, :4])  # control: rows are their own sequences' features
+    passes = 0
+    assert torch.equal(store.batch(ids, mask), got) and passes == 0  # kept: no second pass
+    unkept = feature.TargetFeatures(target, budget=0)
+    assert torch.equal(unkept.batch(ids, mask), got) and not unkept.kept and passes == 3

@@ -499,3 +499,14 @@ def test_on_a_gpu_the_head_drafts_from_graphs_and_stays_lossless(head_dir, setup
         got = engine.decode(drafter, prompt, 24, k=3, tree=parse_tree_spec(spec))
         assert got.tokens == Engine(plain).decode(None, prompt, 24, k=0).tokens
     assert sum(isinstance(s, DeviceTreeStep) for s in engine.device_steps.values()) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_a_head_trains_with_its_target_features_kept(setup):  # noqa: F811
+    """--feature-head training on CUDA with the bf16 teacher: the target's features are kept across epochs
+    (`feature.TargetFeatures`, its GPU budget) and the loss falls."""
+    summary = run(options(setup, "gpu-head", feature_head=True, device="cuda", steps=30, teacher_dtype="bfloat16",
+                          teacher_cache=str(setup / "teacher_gpu_head")), log=lambda line: None)
+    assert summary["losses"][-1] < summary["losses"][0]
+    assert feature.cache_budget(torch.device("cuda")) > 0

@@ -12,8 +12,9 @@ The loss of a teacher-forced batch (EAGLE's recipe on DFVG's token loss):
   the head reads its own f^ from the second draft on; training on it keeps those drafts accurate (EAGLE-3's
   training-time test, simplified: there the earlier positions' keys come from the target's features, here
   from the same pass's predictions).
-The target's features are computed by the frozen target on the same batch at every step (bf16 on a GPU),
-never cached: 3 KB per token at H = 1536.
+The target's features come from the frozen target (bf16 on a GPU), one sequence at a time, and are kept
+(`TargetFeatures`, up to FEATURE_CACHE_BYTES: 3 KB per token at H = 1536): they depend on the sequence only,
+and a run passes over its data many times (1,200 steps of 32 sequences is ~8 epochs of the lease's ~4.6k).
 
 Why the acceptance is replayed and not teacher forced: the standalone draft's shortcut (evaluate.py)
 holds because a block's drafts see exactly the teacher-forced prefix. A feature head's drafts after the
@@ -38,6 +39,7 @@ from dfvg.stats import StepRecord
 
 FEATURE_WEIGHT = 1.0
 UNROLL = 2
+FEATURE_CACHE_BYTES = 16 << 30  # most training-sequence features kept across epochs on a GPU (bf16: ~5.6M tokens)
 
 
 @torch.no_grad()
@@ -77,12 +79,61 @@ def shifted(features: Tensor) -> Tensor:
     return F.pad(features[:, :-1], (0, 0, 1, 0))
 
 
+class TargetFeatures:
+    """The frozen target's features of training sequences, each computed alone (so the same bits whenever it
+    is computed: a resumed run equals one run) and kept in the target's dtype until `budget` bytes are kept.
+
+    Why: the target's pass of 32 x 640 tokens took 154 ms (H100, 2026-12-05, benchmarks/teacher_speed.py) where
+    a training step averaged ~205 ms (2,000 steps in 410 s, same card): likely most of it, and it gives the same
+    features at every epoch. Kept on the target's device (`cache_budget`)."""
+
+    def __init__(self, target: Transformer, budget: int):
+        self.target, self.budget, self.kept, self.kept_bytes = target, budget, {}, 0
+
+    @torch.no_grad()
+    def of(self, tokens: tuple[int, ...]) -> Tensor:
+        """f [L, H] of one sequence (its first L tokens at positions 0..L-1), in the target's dtype."""
+        found = self.kept.get(tokens)
+        if found is not None:
+            return found
+        device = self.target.tok_embeddings.weight.device
+        ids = torch.tensor([tokens], device=device)
+        self.target.setup_cache(1, len(tokens))
+        features = self.target.norm(self.target.run_layers(self.target.embed(ids), torch.arange(len(tokens),
+                                    device=device)[None], causal_prefix=True))[0]
+        size = features.numel() * features.element_size()
+        if self.kept_bytes + size <= self.budget:
+            self.kept[tokens], self.kept_bytes = features, self.kept_bytes + size
+        return features
+
+    def batch(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """f [B, T, H] in float32 of a `make_batch` batch (each row's length: its last loss position + 1;
+        zeros past it)."""
+        lengths = (mask.shape[1] - mask.flip(1).int().argmax(dim=1)).tolist()
+        out = torch.zeros(*ids.shape, self.target.config.hidden_size, device=ids.device)
+        for row, (tokens, length) in enumerate(zip(ids.tolist(), lengths, strict=True)):
+            out[row, :length] = self.of(tuple(tokens[:length])).float()
+        return out
+
+
+def cache_budget(device: torch.device) -> int:
+    """Bytes of features to keep: on a GPU FEATURE_CACHE_BYTES or half its free memory if less, on a CPU 1/8 of
+    that (a host's RAM holds the rest of the run too)."""
+    if device.type == "cuda":
+        return min(FEATURE_CACHE_BYTES, torch.cuda.mem_get_info(device)[0] // 2)
+    return FEATURE_CACHE_BYTES // 8
+
+
 def feature_loss(target: Transformer, in_head: Tensor, unroll: int = UNROLL,
-                 weight: float = FEATURE_WEIGHT) -> BatchLoss:
-    """The batch loss of the module docstring, with `target` frozen."""
+                 weight: float = FEATURE_WEIGHT, cache_bytes: int | None = None) -> BatchLoss:
+    """The batch loss of the module docstring, with `target` frozen (its features kept up to cache_bytes;
+    default `cache_budget`)."""
+    device = target.tok_embeddings.weight.device
+    features_of = TargetFeatures(target, cache_budget(device) if cache_bytes is None else cache_bytes)
+
     def loss(head: FeatureHead, ids: Tensor, positions: Tensor, mask: Tensor, topk_ids: Tensor,
              topk_probs: Tensor) -> Tensor:
-        features = target_features(target, ids, positions)
+        features = features_of.batch(ids, mask)
         scale = features[mask].pow(2).mean().sqrt().clamp_min(1e-6)
         inputs, total, regression = shifted(features), 0.0, 0.0
         for unrolled in range(unroll):
