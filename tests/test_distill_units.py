@@ -206,3 +206,9 @@ def test_target_features_are_each_sequences_own_kept_once_and_bounded_by_the_bud
     assert torch.equal(store.batch(ids, mask), got) and passes == 0  # kept: no second pass
     unkept = feature.TargetFeatures(target, budget=0)
     assert torch.equal(unkept.batch(ids, mask), got) and not unkept.kept and passes == 3
+    half = feature.TargetFeatures(target.to(torch.bfloat16), budget=1 << 20)  # kept as the target computes them
+    half.batch(ids, mask)
+    assert {f.dtype for f in half.kept.values()} == {torch.bfloat16} and half.kept_bytes == sum(lengths) * 32 * 2
+    partly = feature.TargetFeatures(target, budget=(lengths[0] + lengths[1]) * 32 * 2)
+    partly.batch(ids, mask)
+    assert [len(k) for k in partly.kept] == lengths[:2]  # the third sequence no longer fits

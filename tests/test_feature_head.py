@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from dfvg.checkpoint import is_feature_head, load_model
 from dfvg.distill import feature, teacher
 from dfvg.distill.pipeline import run
+from dfvg.distill.train import make_batch
 from dfvg.engine import Engine, make_drafter
 from dfvg.errors import UserError
 from dfvg.feature_head import FeatureDrafter, FeatureHead, load_feature_head
@@ -98,7 +99,7 @@ def test_replayed_steps_equal_real_speculative_steps(head_dir, setup):  # noqa: 
     blind.fuse.weight[:, : blind.target_hidden_size] = 0  # the same head, deaf to the features
     differs = False
     for prompt, seq in zip(PROMPTS, seqs, strict=True):
-        ids, positions, _, _, _ = feature.make_batch([seq], torch.device("cpu"))
+        ids, positions, _, _, _ = make_batch([seq], torch.device("cpu"))
         features = feature.target_features(target, ids, positions)[0]
         drafted, deaf = feature.rollouts(head, features, seq, 4), feature.rollouts(blind, features, seq, 4)
         for k in (2, 4):
@@ -137,7 +138,7 @@ def test_every_rollout_row_is_the_block_the_drafter_proposes_there(pair, head_di
     target = load_model(root / "target")
     prompt = list(PROMPTS[1]) if pair == "trained" else [5, 17, 33, 8, 2, 41]  # the random pair has 96 ids
     [seq] = teacher.generate_all(target, [prompt], 12, set(), 8, SamplingParams(), 0, 1, log=lambda line: None)
-    ids, positions, _, _, _ = feature.make_batch([seq], torch.device("cpu"))
+    ids, positions, _, _, _ = make_batch([seq], torch.device("cpu"))
     drafted = feature.rollouts(head, feature.target_features(target, ids, positions)[0], seq, 5)
     verifier = TorchVerifier(load_model(root / "target"))
     drafter = FeatureDrafter(head, verifier, verifier.vocab_size)
@@ -276,18 +277,21 @@ def test_a_feature_head_run_stopped_and_resumed_equals_one_run(setup):  # noqa: 
     """Two leases of --feature-head training (stop, then --resume) export the head of one run; a plain
     draft's checkpoint is not taken for a head's."""
     ckpt = setup / "ckpt-head"
-    first = run(options(setup, "head-leased", feature_head=True, steps=12, checkpoint_dir=str(ckpt), stop_after=7),
-                log=lambda line: None)
+    # batches of 24: the stop comes after the first epoch, so the resumed run recomputes features the first kept
+    first = run(options(setup, "head-leased", feature_head=True, steps=12, batch_size=24, checkpoint_dir=str(ckpt),
+                        stop_after=7), log=lambda line: None)
     assert first["finished"] is False and first["step"] == 7
     with pytest.raises(UserError, match="draft shape differs from the checkpoint"):
-        run(options(setup, "plain-on-head", steps=12, resume=str(ckpt)), log=lambda line: None)
+        run(options(setup, "plain-on-head", steps=12, batch_size=24, resume=str(ckpt)), log=lambda line: None)
     with pytest.raises(UserError, match="trained with feature_unroll=2, this run has feature_unroll=3"):
-        run(options(setup, "other-loss", feature_head=True, feature_unroll=3, steps=12, resume=str(ckpt)),
+        run(options(setup, "other-loss", feature_head=True, feature_unroll=3, steps=12, batch_size=24,
+                    resume=str(ckpt)),
             log=lambda line: None)
     with pytest.raises(UserError, match="--feature-unroll >= 1"):
         run(options(setup, "bad", feature_head=True, feature_unroll=0), log=lambda line: None)
-    run(options(setup, "head-leased", feature_head=True, steps=12, resume=str(ckpt)), log=lambda line: None)
-    whole = run(options(setup, "head-whole", feature_head=True, steps=12), log=lambda line: None)
+    run(options(setup, "head-leased", feature_head=True, steps=12, batch_size=24, resume=str(ckpt)),
+        log=lambda line: None)
+    whole = run(options(setup, "head-whole", feature_head=True, steps=12, batch_size=24), log=lambda line: None)
     for name in ("model.safetensors", "feature_head.safetensors"):
         a, b = (load_file(str(setup / run_dir / name)) for run_dir in ("head-leased", "head-whole"))
         assert all(torch.equal(a[n], b[n]) for n in a)
@@ -510,3 +514,8 @@ def test_on_a_gpu_a_head_trains_with_its_target_features_kept(setup):  # noqa: F
                           teacher_cache=str(setup / "teacher_gpu_head")), log=lambda line: None)
     assert summary["losses"][-1] < summary["losses"][0]
     assert feature.cache_budget(torch.device("cuda")) > 0
+    target = load_model(setup / "target", dtype=torch.bfloat16, device="cuda")  # a sequence's features: the
+    tokens = tuple(range(3, 40))  # same bits whatever cache the target had before (resumed runs rely on it)
+    alone = feature.TargetFeatures(target, budget=0).of(tokens)
+    target.setup_cache(8, 300)
+    assert torch.equal(feature.TargetFeatures(target, budget=0).of(tokens), alone) and alone.dtype == torch.bfloat16

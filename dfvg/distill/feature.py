@@ -14,7 +14,7 @@ The loss of a teacher-forced batch (EAGLE's recipe on DFVG's token loss):
   from the same pass's predictions).
 The target's features come from the frozen target (bf16 on a GPU), one sequence at a time, and are kept
 (`TargetFeatures`, up to FEATURE_CACHE_BYTES: 3 KB per token at H = 1536): they depend on the sequence only,
-and a run passes over its data many times (1,200 steps of 32 sequences is ~8 epochs of the lease's ~4.6k).
+and a run passes over its data many times (1,200 steps of 32 sequences is ~8 epochs of the lease's ~4.8k).
 
 Why the acceptance is replayed and not teacher forced: the standalone draft's shortcut (evaluate.py)
 holds because a block's drafts see exactly the teacher-forced prefix. A feature head's drafts after the
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dfvg.distill.teacher import TeacherSequence
-from dfvg.distill.train import BatchLoss, distill_loss, make_batch
+from dfvg.distill.train import BatchLoss, distill_loss
 from dfvg.feature_head import FeatureHead, load_feature_head
 from dfvg.generate import step_length
 from dfvg.model import Transformer
@@ -66,12 +66,18 @@ def load_projections(head: FeatureHead, directory: str) -> None:
 
 
 @torch.no_grad()
-def target_features(target: Transformer, ids: Tensor, positions: Tensor) -> Tensor:
-    """The target's final-norm outputs f [B, T, H] in float32 (teacher forced; right padding is garbage).
-    Every row starts at position 0 (`make_batch`), so attention is causal over the first T slots: a fused
-    kernel, not the whole cache under a mask."""
+def final_states(target: Transformer, ids: Tensor, positions: Tensor) -> Tensor:
+    """The target's final-norm outputs f [B, T, H] in its own dtype (teacher forced; right padding is
+    garbage). Every row starts at position 0 (`make_batch`), so attention is causal over the first T slots: a
+    fused kernel, not the whole cache under a mask."""
     target.setup_cache(ids.shape[0], ids.shape[1])
-    return target.norm(target.run_layers(target.embed(ids), positions, causal_prefix=True)).float()
+    return target.norm(target.run_layers(target.embed(ids), positions, causal_prefix=True))
+
+
+@torch.no_grad()
+def target_features(target: Transformer, ids: Tensor, positions: Tensor) -> Tensor:
+    """`final_states` in float32."""
+    return final_states(target, ids, positions).float()
 
 
 def shifted(features: Tensor) -> Tensor:
@@ -80,12 +86,13 @@ def shifted(features: Tensor) -> Tensor:
 
 
 class TargetFeatures:
-    """The frozen target's features of training sequences, each computed alone (so the same bits whenever it
-    is computed: a resumed run equals one run) and kept in the target's dtype until `budget` bytes are kept.
+    """The frozen target's features of sequences, each computed alone (on one device, the same bits whenever it
+    is computed: a resumed run equals one run, and evaluation reads what training read) and kept in the target's
+    dtype, on its device, until `budget` bytes are kept.
 
-    Why: the target's pass of 32 x 640 tokens took 154 ms (H100, 2026-12-05, benchmarks/teacher_speed.py) where
-    a training step averaged ~205 ms (2,000 steps in 410 s, same card): likely most of it, and it gives the same
-    features at every epoch. Kept on the target's device (`cache_budget`)."""
+    Why: the target's pass of 32 x 640 tokens took 154 ms (H100, random weights, benchmarks/teacher_speed.py)
+    where a training step averaged ~205 ms (2,000 steps in 410 s, same card): likely most of it, and it gives
+    the same features at every epoch. (The first epoch's one-sequence passes are not timed.)"""
 
     def __init__(self, target: Transformer, budget: int):
         self.target, self.budget, self.kept, self.kept_bytes = target, budget, {}, 0
@@ -97,10 +104,8 @@ class TargetFeatures:
         if found is not None:
             return found
         device = self.target.tok_embeddings.weight.device
-        ids = torch.tensor([tokens], device=device)
-        self.target.setup_cache(1, len(tokens))
-        features = self.target.norm(self.target.run_layers(self.target.embed(ids), torch.arange(len(tokens),
-                                    device=device)[None], causal_prefix=True))[0]
+        features = final_states(self.target, torch.tensor([tokens], device=device),
+                                torch.arange(len(tokens), device=device)[None])[0]
         size = features.numel() * features.element_size()
         if self.kept_bytes + size <= self.budget:
             self.kept[tokens], self.kept_bytes = features, self.kept_bytes + size
@@ -109,6 +114,8 @@ class TargetFeatures:
     def batch(self, ids: Tensor, mask: Tensor) -> Tensor:
         """f [B, T, H] in float32 of a `make_batch` batch (each row's length: its last loss position + 1;
         zeros past it)."""
+        if not bool(mask.any(dim=1).all()):
+            raise ValueError("every row of a batch needs a loss position (a continuation)")
         lengths = (mask.shape[1] - mask.flip(1).int().argmax(dim=1)).tolist()
         out = torch.zeros(*ids.shape, self.target.config.hidden_size, device=ids.device)
         for row, (tokens, length) in enumerate(zip(ids.tolist(), lengths, strict=True)):
@@ -200,16 +207,13 @@ def feature_steps(drafted: Tensor, seq: TeacherSequence, k: int, max_new_tokens:
 
 
 def sequence_steps(head: FeatureHead, target: Transformer, sequences: list[TeacherSequence], ks: list[int],
-                   max_new_tokens: int | None = None, batch_size: int = 8) -> list[dict[int, list[StepRecord]]]:
-    """Per sequence, the head's greedy steps at each k (the target's features come from one teacher-forced
-    pass per batch of sequences); `evaluate.steps_table` turns any union of them into the metrics."""
+                   max_new_tokens: int | None = None) -> list[dict[int, list[StepRecord]]]:
+    """Per sequence, the head's greedy steps at each k (the target's features from its teacher-forced pass, as
+    training computes them: `TargetFeatures`); `evaluate.steps_table` turns any union of them into the metrics."""
+    features_of = TargetFeatures(target, budget=0)
     out = []
-    device = head.fuse.weight.device
-    for start in range(0, len(sequences), batch_size):
-        chunk = sequences[start: start + batch_size]
-        ids, positions, _, _, _ = make_batch(chunk, device)
-        features = target_features(target, ids, positions)
-        for row, seq in enumerate(chunk):
-            drafted = rollouts(head, features[row, : len(seq.prompt) + len(seq.continuation) - 1], seq, max(ks))
-            out.append({k: feature_steps(drafted, seq, k, max_new_tokens) for k in ks})
+    for seq in sequences:
+        features = features_of.of(tuple((seq.prompt + seq.continuation)[:-1])).float()
+        drafted = rollouts(head, features, seq, max(ks))
+        out.append({k: feature_steps(drafted, seq, k, max_new_tokens) for k in ks})
     return out

@@ -316,6 +316,7 @@ def run(opts: DistillOptions, log=print) -> dict:
         else {}
     state = train.train(model, train_seqs, params, in_head, device, log, ckpt=opts.checkpointing(), loss=loss,
                         loss_settings=settings)
+    del loss  # a feature head's loss keeps the target's features (up to 16 GiB of the GPU): freed here
     splits = {"train_prompts": [p.key for p in train_prompts], "validation_prompts": [p.key for p in val_prompts],
               "test_prompts": [p.key for p in test_prompts]}
     if state.step < opts.steps:
