@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
+from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
 from dfvg.distill.feature import target_features  # noqa: E402
 from dfvg.distill.teacher import generate_batch  # noqa: E402
 from dfvg.sampling import SamplingParams  # noqa: E402
@@ -79,12 +80,7 @@ def feature_times(model, rounds: int, batch: int = 32, length: int = 640) -> dic
         outs = {name: run() for name, run in runs.items()}  # warm-up
         for _ in range(rounds):
             for name, run in runs.items():
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                run()
-                end.record()
-                torch.cuda.synchronize()
-                times[name].append(start.elapsed_time(end))
+                times[name].append(cuda_median_ms(run, reps=1))  # one call per round: rounds alternate
     diff = (outs["causal (shipped)"] - outs["masked (before)"]).abs().max().item()
     return {"batch": batch, "length": length, "ms": {name: statistics.median(ts) for name, ts in times.items()},
             "rounds": times, "max_abs_difference": diff}

@@ -74,7 +74,6 @@ def final_states(target: Transformer, ids: Tensor, positions: Tensor) -> Tensor:
     return target.norm(target.run_layers(target.embed(ids), positions, causal_prefix=True))
 
 
-@torch.no_grad()
 def target_features(target: Transformer, ids: Tensor, positions: Tensor) -> Tensor:
     """`final_states` in float32."""
     return final_states(target, ids, positions).float()
@@ -97,7 +96,6 @@ class TargetFeatures:
     def __init__(self, target: Transformer, budget: int):
         self.target, self.budget, self.kept, self.kept_bytes = target, budget, {}, 0
 
-    @torch.no_grad()
     def of(self, tokens: tuple[int, ...]) -> Tensor:
         """f [L, H] of one sequence (its first L tokens at positions 0..L-1), in the target's dtype."""
         found = self.kept.get(tokens)
