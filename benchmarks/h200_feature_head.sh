@@ -102,16 +102,29 @@ bring_back() {  # trained head folder, name under $out: what comes back from the
 more() {  # MORE_STEPS more steps of $HEAD (H2), timed with the same prompts and trees as $HEAD; with MORE_ALT,
   # also H2b (the same steps with MORE_ALT's settings), and the one with the higher validation τ at k = 4 is timed
   echo "== prepare teacher ($(date -u +%T))"
-  bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20
-  train l4-d512-v32768-fh2 FEATURE_HEAD=1 SUFFIX=2 INIT_FROM="$HEAD" STEPS="$MORE_STEPS"
-  local chosen=l4-d512-v32768-fh2 word
-  for word in ${MORE_ALT:-}; do  # env assignments only (a flag would become env's option or its command)
-    [[ $word =~ ^[A-Z_][A-Z0-9_]*=[^*?]*$ ]] || { echo "error: MORE_ALT word '$word' is not NAME=value" >&2; return 2; }
+  # the runs below only read the teacher cache: unfilled, both would write it at once
+  bash benchmarks/distill_h200.sh prepare teacher 2>&1 | tail -20 || { echo "the teacher data failed" >&2; return 1; }
+  local chosen=l4-d512-v32768-fh2 word alt=
+  for word in ${MORE_ALT:-}; do  # training settings only (a flag would become env's option or its command; a
+    # setting of the teacher data would make the second run write the cache the first reads)
+    [[ $word =~ ^(LR|FEATURE_UNROLL|BATCH_SIZE)=[^*?]*$ ]] \
+      || { echo "error: MORE_ALT word '$word' is not LR=, FEATURE_UNROLL= or BATCH_SIZE=value" >&2; return 2; }
   done
+  rm -f "$out"/train_fh2.out "$out"/train_fh2b.out
+  # the two candidates train side by side (on the 2026-12-06 H100 both ran out of memory so: each step held
+  # full-vocabulary logits, 30-44 GB; the loss now reads the head's own rows of the loss positions only)
+  train l4-d512-v32768-fh2 FEATURE_HEAD=1 SUFFIX=2 INIT_FROM="$HEAD" STEPS="$MORE_STEPS" > "$out/train_fh2.out" 2>&1 &
+  local first=$!
   if [ -n "${MORE_ALT:-}" ]; then
     # shellcheck disable=SC2086  # MORE_ALT is a list of VAR=value words
     train l4-d512-v32768-fh2b FEATURE_HEAD=1 SUFFIX=2b INIT_FROM="$HEAD" STEPS="$MORE_STEPS" $MORE_ALT \
-      || echo "H2b failed (its log says why); H2 goes on"
+      > "$out/train_fh2b.out" 2>&1 &
+    alt=$!
+  fi
+  wait "$first" || echo "H2 failed (its log says why)"
+  [ -z "$alt" ] || wait "$alt" || echo "H2b failed (its log says why); H2 goes on"
+  cat "$out"/train_fh2*.out
+  if [ -n "${MORE_ALT:-}" ]; then
     chosen=$(python3 - "$RESULTS" l4-d512-v32768-fh2 l4-d512-v32768-fh2b <<'PY' | tee "$out/chosen.txt"
 import json, pathlib, sys
 # validation chooses (the test split is only reported): the higher replayed τ at k = 4; a run that did not finish loses

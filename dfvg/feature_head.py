@@ -58,11 +58,17 @@ class FeatureHead(nn.Module):
         and the predicted features f^ [B, T, H]. `slots` / `mask`: cache slots and attention mask other than
         causal by position (`Transformer.forward`'s; dfvg.distill.feature drafts every block at once so);
         `rows`: the outputs of these rows only (all rows still write the cache)."""
-        x = self.fuse(torch.cat([features.to(self.fuse.weight.dtype), self.body.embed(ids)], dim=-1))
-        hidden = self.body.run_layers(x, positions, slots, mask)
+        hidden = self.states(ids, positions, features, slots, mask)
         if rows is not None:
             hidden = hidden[:, rows]
         return self.body.logits(hidden), self.predict(hidden)
+
+    def states(self, ids: Tensor, positions: Tensor, features: Tensor, slots: Tensor | None = None,
+               mask: Tensor | None = None) -> Tensor:
+        """The body's final hidden states [B, T, D] (`forward`'s arguments): training takes the head-vocabulary
+        logits of the loss positions only (`Transformer.head_logits`), not forward's full-vocabulary ones."""
+        x = self.fuse(torch.cat([features.to(self.fuse.weight.dtype), self.body.embed(ids)], dim=-1))
+        return self.body.run_layers(x, positions, slots, mask)
 
 
 def load_feature_head(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

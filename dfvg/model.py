@@ -302,12 +302,19 @@ class Transformer(nn.Module):
         """Token ids [...] -> embeddings [..., D]; shared with the CUDA-graph forward like `logits`."""
         return self.tok_embeddings(self.token_rows[input_ids] if self.config.embed_rows else input_ids)
 
+    def head_logits(self, hidden: Tensor) -> Tensor:
+        """Final norm + LM head: hidden [..., D] -> float32 logits over the head's own rows [..., Vh] (the full
+        vocabulary [..., V] without a head vocabulary). Distillation's loss reads these: for a 32k head of a
+        152k vocabulary, the full-vocabulary logits of a training batch were ~5x the bytes (7.4 GB of float32
+        for 32 x 383 positions, and as much again for their softmax and gradient)."""
+        return self.output(self.norm(hidden)).float()
+
     def logits(self, hidden: Tensor) -> Tensor:
-        """Final norm + LM head: hidden [..., D] -> float32 logits over the full vocabulary [..., V].
+        """`head_logits` over the full vocabulary [..., V], -inf where the head has no row.
 
         Shared by `forward` and the CUDA-graph forward (dfvg.gpu.graphs), so a head-vocabulary draft's
         rows are mapped back to token ids on every path."""
-        logits = self.output(self.norm(hidden)).float()
+        logits = self.head_logits(hidden)
         if self.config.head_vocab_size:
             full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.head_token_ids, logits)  # [..., Vh] -> [..., V]

@@ -36,7 +36,7 @@ def synthetic_data(count: int = 7) -> list[TeacherSequence]:
 def train_tiny(steps: int, ckpt: resume.Checkpointing | None = None, lr: float = 3e-3):
     model = train.build_draft(CFG, None, seed=0)
     params = train.TrainParams(steps=steps, batch_size=3, lr=lr, warmup=2, seed=0)
-    state = train.train(model, synthetic_data(), params, torch.ones(VOCAB, dtype=torch.bool), torch.device("cpu"),
+    state = train.train(model, synthetic_data(), params, torch.arange(VOCAB), torch.device("cpu"),
                         log=lambda line: None, ckpt=ckpt)
     return model, state
 

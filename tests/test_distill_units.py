@@ -28,22 +28,58 @@ def test_loss_is_exact_kl_with_full_top_k_and_zero_at_the_teacher():
     teacher_logits, draft_logits = torch.randn(5, 12), torch.randn(5, 12)
     p = torch.softmax(teacher_logits, -1)
     probs, ids = p.topk(12, -1)
-    everything = torch.ones(12, dtype=torch.bool)
+    everything = torch.arange(12)  # a full-vocabulary head: every id is its own row
     kl = (p * (p.log() - torch.log_softmax(draft_logits, -1))).sum(-1).mean()
     assert torch.allclose(distill_loss(draft_logits, ids, probs, everything), kl, atol=1e-5)
     assert float(distill_loss(teacher_logits, ids, probs, everything)) == pytest.approx(0.0, abs=1e-5)
 
 
 def test_loss_is_finite_when_teacher_mass_lies_outside_the_head():
-    in_head = torch.zeros(8, dtype=torch.bool)
-    in_head[:4] = True
-    logits = torch.randn(3, 8, requires_grad=True)
-    masked = logits.masked_fill(~in_head, float("-inf"))  # what a head-vocabulary draft returns
+    rows = vocab.head_rows(torch.tensor([0, 1, 2, 3]), 8)
+    assert rows.tolist() == [0, 1, 2, 3, -1, -1, -1, -1]
+    logits = torch.randn(3, 4, requires_grad=True)  # the head's own rows
     ids = torch.tensor([[6, 0], [1, 7], [5, 4]])
     probs = torch.tensor([[0.7, 0.2], [0.5, 0.4], [0.9, 0.05]])
-    loss = distill_loss(masked, ids, probs, in_head)
+    loss = distill_loss(logits, ids, probs, rows)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+
+
+def full_vocabulary_loss(full_logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor) -> torch.Tensor:
+    """The loss as it was computed before head-row logits (the reference): on the full-vocabulary logits with
+    -inf outside the head, the head being where they are finite."""
+    log_q = torch.log_softmax(full_logits, -1)
+    valid = torch.isfinite(full_logits)[torch.arange(len(topk_ids))[:, None], topk_ids]
+    p = topk_probs * valid
+    log_q_top = torch.where(valid, log_q.gather(-1, topk_ids), 0.0)
+    p_tail, q_tail = 1 - p.sum(-1), (1 - (log_q_top.exp() * valid).sum(-1)).clamp_min(1e-9)
+    top = torch.where(valid, p * (p.clamp_min(1e-12).log() - log_q_top), 0.0)
+    return (top.sum(-1) + torch.where(p_tail > 0, p_tail * (p_tail.clamp_min(1e-12).log() - q_tail.log()), 0.0)).mean()
+
+
+def test_head_row_loss_equals_the_full_vocabulary_loss_of_a_head_vocabulary_draft():
+    """Training reads `head_logits` (one per head row) and `vocab.head_rows`; the value and the gradient must be
+    those of the full-vocabulary logits that decoding sees (`logits`: -inf outside the head)."""
+    from dfvg.model import Transformer
+
+    config = ModelConfig("qwen2", vocab_size=40, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                         num_kv_heads=1, head_dim=8, head_vocab_size=12)
+    model = Transformer(config)
+    head_ids = torch.tensor(sorted(torch.randperm(40, generator=torch.Generator().manual_seed(1))[:12].tolist()))
+    model.head_token_ids.copy_(head_ids)
+    hidden = torch.randn(6, 16, generator=torch.Generator().manual_seed(2))
+    teacher = torch.softmax(torch.randn(6, 40, generator=torch.Generator().manual_seed(3)), -1)
+    probs, ids = teacher.topk(8, -1)  # some of the teacher's top ids lie outside the head
+    assert not torch.isin(ids, head_ids).all()
+    losses = []
+    for compute in (lambda: distill_loss(model.head_logits(hidden), ids, probs, vocab.head_rows(head_ids, 40)),
+                    lambda: full_vocabulary_loss(model.logits(hidden), ids, probs)):
+        model.zero_grad()
+        loss = compute()
+        loss.backward()
+        losses.append((loss.detach(), model.output.weight.grad.clone()))
+    assert torch.allclose(losses[0][0], losses[1][0], atol=1e-6) and float(losses[0][0]) > 0
+    assert torch.allclose(losses[0][1], losses[1][1], atol=1e-6) and losses[0][1].abs().sum() > 0
 
 
 def test_block_steps_docstring_example():

@@ -81,16 +81,16 @@ def test_training_through_the_shared_kv_store_backpropagates_like_inference(tmp_
     """Every layer's K/V lives in one store; a training pass (gradients flowing into K/V) puts them in out of
     place, so layer 2's write cannot invalidate what layer 1 saved for backward, and the logits are the ones a
     no-grad pass gives (which writes the store in place)."""
-    from dfvg.distill.train import teacher_forced_logits
+    from dfvg.distill.train import teacher_forced_states
 
     save_checkpoint(tmp_path, "qwen2", seed=0, num_hidden_layers=3)
     model = load_model(tmp_path)
     ids, pos = torch.randint(0, 90, (2, 10), generator=torch.Generator().manual_seed(0)), torch.arange(10)[None]
     with torch.no_grad():
-        want = teacher_forced_logits(model, ids, pos.expand(2, 10))
+        want = model.logits(teacher_forced_states(model, ids, pos.expand(2, 10)))
     assert model.kv_store.abs().sum() > 0  # inference wrote the store
     model.train().requires_grad_(True)
-    got = teacher_forced_logits(model, ids, pos.expand(2, 10))
+    got = model.logits(teacher_forced_states(model, ids, pos.expand(2, 10)))
     got[torch.isfinite(got)].sum().backward()
     assert torch.allclose(got, want, atol=1e-5)
     assert all(layer.attention.wqkv.weight.grad.abs().sum() > 0 for layer in model.layers)

@@ -129,10 +129,10 @@ def cache_budget(device: torch.device) -> int:
     return FEATURE_CACHE_BYTES // 8
 
 
-def feature_loss(target: Transformer, in_head: Tensor, unroll: int = UNROLL,
+def feature_loss(target: Transformer, rows: Tensor, unroll: int = UNROLL,
                  weight: float = FEATURE_WEIGHT, cache_bytes: int | None = None) -> BatchLoss:
     """The batch loss of the module docstring, with `target` frozen (its features kept up to cache_bytes;
-    default `cache_budget`)."""
+    default `cache_budget`); `rows`: `distill_loss`'s table of head rows."""
     device = target.tok_embeddings.weight.device
     features_of = TargetFeatures(target, cache_budget(device) if cache_bytes is None else cache_bytes)
 
@@ -144,8 +144,9 @@ def feature_loss(target: Transformer, in_head: Tensor, unroll: int = UNROLL,
         for unrolled in range(unroll):
             head.body.max_batch = head.body.max_seq_len = 0  # a fresh cache: no autograd history across passes
             head.body.setup_cache(ids.shape[0], ids.shape[1])
-            logits, predicted = head(ids, positions, inputs)
-            total = total + distill_loss(logits[mask], topk_ids, topk_probs, in_head)
+            hidden = head.states(ids, positions, inputs)
+            predicted = head.predict(hidden)
+            total = total + distill_loss(head.body.head_logits(hidden[mask]), topk_ids, topk_probs, rows)
             if unrolled == 0:
                 regression = F.smooth_l1_loss(predicted[mask] / scale, features[mask] / scale)
             inputs = shifted(predicted)

@@ -262,7 +262,7 @@ def source_of(prompt: data.Prompt) -> str:
     return prompt.key.split("/", 1)[0]
 
 
-def as_feature_head(opts: DistillOptions, body, basis, in_head, device) -> tuple[FeatureHead, object, train.BatchLoss]:
+def as_feature_head(opts: DistillOptions, body, basis, rows, device) -> tuple[FeatureHead, object, train.BatchLoss]:
     """--feature-head: the body wrapped in a `FeatureHead`, the frozen target that gives its features (in the
     teacher's dtype), and the loss that reads them."""
     target = load_model(opts.target, dtype=getattr(torch, teacher_dtype(opts)), device=device)
@@ -271,7 +271,7 @@ def as_feature_head(opts: DistillOptions, body, basis, in_head, device) -> tuple
         feature.load_projections(head, opts.init_from)
     else:
         feature.init_projections(head, basis, opts.seed, feature_in=not opts.init_from)
-    return head, target, feature.feature_loss(target, in_head, opts.feature_unroll, opts.feature_weight)
+    return head, target, feature.feature_loss(target, rows, opts.feature_unroll, opts.feature_weight)
 
 
 def feature_head_report(head: FeatureHead) -> dict:
@@ -305,16 +305,16 @@ def run(opts: DistillOptions, log=print) -> dict:
     train_seqs, val_seqs, test_seqs = teacher_data(opts, train_prompts, val_prompts, test_prompts, log)
     body, hf_config, head_ids, counts, shape, basis = build(opts, train_seqs, target_raw)
     init_sha = train.init_from_draft(body, opts.init_from) if opts.init_from else None
-    in_head = vocab.in_head_mask(head_ids, body.config.vocab_size, device)
+    rows = vocab.head_rows(body.head_token_ids if body.config.head_vocab_size else None, body.config.vocab_size, device)
     model, target, loss = body, None, None
     if opts.feature_head:
-        model, target, loss = as_feature_head(opts, body, basis, in_head, device)
+        model, target, loss = as_feature_head(opts, body, basis, rows, device)
     model.to(device)
     before = acceptance(model, val_seqs, opts, target)
     params = train.TrainParams(opts.steps, opts.batch_size, opts.lr, warmup=max(1, opts.steps // 20), seed=opts.seed)
     settings = {"feature_unroll": opts.feature_unroll, "feature_weight": opts.feature_weight} if opts.feature_head \
         else {}
-    state = train.train(model, train_seqs, params, in_head, device, log, ckpt=opts.checkpointing(), loss=loss,
+    state = train.train(model, train_seqs, params, rows, device, log, ckpt=opts.checkpointing(), loss=loss,
                         loss_settings=settings)
     del loss  # a feature head's loss keeps the target's features (up to 16 GiB of the GPU): freed here
     splits = {"train_prompts": [p.key for p in train_prompts], "validation_prompts": [p.key for p in val_prompts],

@@ -120,16 +120,20 @@ def init_from_draft(model: Transformer, directory: str) -> str:
     return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
 
-def distill_loss(logits: Tensor, topk_ids: Tensor, topk_probs: Tensor, in_head: Tensor) -> Tensor:
+def distill_loss(logits: Tensor, topk_ids: Tensor, topk_probs: Tensor, rows: Tensor) -> Tensor:
     """Mean over positions of KL(p || q) on {top-K ids the draft can propose} + {tail}.
 
-    logits [N, V] (the draft's, -inf outside its head); topk_ids [N, K] long; topk_probs [N, K]; in_head [V].
+    logits [N, Vh] (the draft's `head_logits`: one per row of its head); topk_ids [N, K] long (token ids);
+    topk_probs [N, K]; rows [V]: each token id's head row, -1 outside the head (`vocab.head_rows`).
     Example: p = (0.7 on a, 0.2 on b outside the head, 0.1 elsewhere): buckets {a: 0.7, tail: 0.3}.
     """
-    log_q = torch.log_softmax(logits, dim=-1)  # [N, V]
-    valid = in_head[topk_ids]  # [N, K]
+    if rows.dtype != torch.long:  # a bool mask (the table's form before 2026-12-06) would read row 1 for every id
+        raise ValueError(f"distill_loss takes a table of head rows (torch.long, vocab.head_rows), not {rows.dtype}")
+    log_q = torch.log_softmax(logits, dim=-1)  # [N, Vh]
+    topk_rows = rows[topk_ids]  # [N, K]
+    valid = topk_rows >= 0
     p = topk_probs * valid
-    log_q_top = torch.where(valid, log_q.gather(-1, topk_ids), torch.zeros((), device=logits.device))
+    log_q_top = torch.where(valid, log_q.gather(-1, topk_rows.clamp_min(0)), torch.zeros((), device=logits.device))
     p_tail = (1 - p.sum(-1)).clamp_min(0)
     q_tail = (1 - (log_q_top.exp() * valid).sum(-1)).clamp_min(1e-9)
     top = torch.where(valid, p * (torch.log(p.clamp_min(1e-12)) - log_q_top), torch.zeros((), device=logits.device))
@@ -157,11 +161,12 @@ def make_batch(sequences: list[TeacherSequence], device: torch.device) -> tuple[
     return tuple(t.to(device) for t in (ids, positions, mask, topk_ids, topk_probs))
 
 
-def teacher_forced_logits(model: Transformer, ids: Tensor, positions: Tensor) -> Tensor:
-    """Run the draft over whole sequences with a fresh cache: [B, T] -> logits [B, T, V] (float32)."""
+def teacher_forced_states(model: Transformer, ids: Tensor, positions: Tensor) -> Tensor:
+    """Run the draft over whole sequences with a fresh cache: [B, T] -> final hidden states [B, T, D] (before
+    the final norm: `head_logits` and `logits` take them)."""
     model.max_batch = model.max_seq_len = 0  # force a fresh cache: no autograd history from the last step
     model.setup_cache(ids.shape[0], ids.shape[1])
-    return model(ids, positions)
+    return model.run_layers(model.embed(ids), positions)
 
 
 def lr_at(step: int, params: TrainParams) -> float:
@@ -175,15 +180,17 @@ def lr_at(step: int, params: TrainParams) -> float:
 BatchLoss = Callable[..., Tensor]  # (model, ids, positions, mask, topk_ids, topk_probs) -> scalar loss
 
 
-def token_loss(in_head: Tensor) -> BatchLoss:
-    """A standalone draft's loss on a teacher-forced batch (`distill_loss` on the continuation positions)."""
+def token_loss(rows: Tensor) -> BatchLoss:
+    """A standalone draft's loss on a teacher-forced batch (`distill_loss` on the continuation positions: only
+    their hidden states reach the LM head, over the head's own rows)."""
     def loss(model: Transformer, ids: Tensor, positions: Tensor, mask: Tensor, topk_ids: Tensor,
              topk_probs: Tensor) -> Tensor:
-        return distill_loss(teacher_forced_logits(model, ids, positions)[mask], topk_ids, topk_probs, in_head)
+        hidden = teacher_forced_states(model, ids, positions)
+        return distill_loss(model.head_logits(hidden[mask]), topk_ids, topk_probs, rows)
     return loss
 
 
-def train(model: torch.nn.Module, data: list[TeacherSequence], params: TrainParams, in_head: Tensor,
+def train(model: torch.nn.Module, data: list[TeacherSequence], params: TrainParams, rows: Tensor,
           device: torch.device, log=print, log_every: int = 10,
           ckpt: resume.Checkpointing | None = None, loss: BatchLoss | None = None,
           loss_settings: dict | None = None) -> resume.TrainState:
@@ -208,7 +215,7 @@ def train(model: torch.nn.Module, data: list[TeacherSequence], params: TrainPara
         state = resume.load(ckpt.resume, model, optimizer, generator, run)
         log(f"train: resumed at step {state.step}/{params.steps} from {ckpt.resume}")
     with tf32_matmuls(True):  # speed; scoped, so float32 decoding after training stays exact
-        _steps(model, data, params, loss or token_loss(in_head), device, optimizer, generator, state, ckpt, run,
+        _steps(model, data, params, loss or token_loss(rows), device, optimizer, generator, state, ckpt, run,
                log, log_every)
     if ckpt.directory is not None:
         resume.save(ckpt, model, optimizer, generator, state, run)

@@ -104,10 +104,11 @@ def token_rows(target_embed: Tensor, head_ids: Tensor, device: torch.device | st
     return rows
 
 
-def in_head_mask(head_ids: Tensor | None, vocab_size: int, device: torch.device | str = "cpu") -> Tensor:
-    """Bool [vocab_size]: which ids the draft can propose (all of them for a full-vocabulary head)."""
+def head_rows(head_ids: Tensor | None, vocab_size: int, device: torch.device | str = "cpu") -> Tensor:
+    """Long [vocab_size]: each id's row of the draft's head (`Transformer.head_logits`), -1 where the draft cannot
+    propose it (every id is its own row for a full-vocabulary head)."""
     if head_ids is None:
-        return torch.ones(vocab_size, dtype=torch.bool, device=device)
-    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-    mask[head_ids.to(device)] = True
-    return mask
+        return torch.arange(vocab_size, device=device)
+    rows = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+    rows[head_ids.to(device)] = torch.arange(head_ids.numel(), device=device)
+    return rows
