@@ -111,8 +111,10 @@ more() {  # MORE_STEPS more steps of $HEAD (H2), timed with the same prompts and
       || { echo "error: MORE_ALT word '$word' is not LR=, FEATURE_UNROLL= or BATCH_SIZE=value" >&2; return 2; }
   done
   rm -f "$out"/train_fh2.out "$out"/train_fh2b.out
-  # the two candidates train side by side (on the 2026-12-06 H100 both ran out of memory so: each step held
-  # full-vocabulary logits, 30-44 GB; the loss now reads the head's own rows of the loss positions only)
+  # the two candidates train side by side. On the 2026-12-06 H100 both ran out of memory so: each step held
+  # full-vocabulary logits, 30-44 GB. The loss now reads the head's own rows of the loss positions only: a step
+  # peaks 6.6 GB above what it holds (measured on a CPU), ~17 GB a process with the target and the kept features
+  # (estimated; benchmarks/train_step.py reports the GPU's peak)
   train l4-d512-v32768-fh2 FEATURE_HEAD=1 SUFFIX=2 INIT_FROM="$HEAD" STEPS="$MORE_STEPS" > "$out/train_fh2.out" 2>&1 &
   local first=$!
   if [ -n "${MORE_ALT:-}" ]; then
