@@ -43,6 +43,8 @@ def test_loss_is_finite_when_teacher_mass_lies_outside_the_head():
     loss = distill_loss(logits, ids, probs, rows)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+    with pytest.raises(ValueError, match="table of head rows"):  # the bool mask of before would read row 1
+        distill_loss(logits, ids, probs, rows >= 0)
 
 
 def full_vocabulary_loss(full_logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor) -> torch.Tensor:
