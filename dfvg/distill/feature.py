@@ -90,8 +90,9 @@ class TargetFeatures:
     dtype, on its device, until `budget` bytes are kept.
 
     Why: the target's pass of 32 x 640 tokens took 154 ms (H100, random weights, benchmarks/teacher_speed.py)
-    where a training step averaged ~205 ms (2,000 steps in 410 s, same card): likely most of it, and it gives
-    the same features at every epoch. (The first epoch's one-sequence passes are not timed.)"""
+    where a training step averaged ~205 ms (2,000 steps in 410 s, same card), and it gives the same features at
+    every epoch. Measured on the real pair (H100, 2026-12-06): 0.104 s a step once kept, 0.70 s in the first
+    epoch (its one-sequence passes); 2,000 steps in 298 s against 410 s."""
 
     def __init__(self, target: Transformer, budget: int):
         self.target, self.budget, self.kept, self.kept_bytes = target, budget, {}, 0
