@@ -27,10 +27,9 @@
 # prompt files when they were carried in an earlier call) and times the result the same way, as H2 ($out/h2).
 # MORE_ALT="LR=3e-4 FEATURE_UNROLL=4" (distill_h200.sh's settings) trains a second candidate H2b the same way;
 # the validation split chooses between them ($out/chosen.txt, both recipes in $out), and only that one is timed.
-# Measured on an H100: the teacher data 7 min (before its graphed step, 2.4-4x faster on random weights: RESULTS.md,
-# 2026-12-05 night), 2,000 head steps 410 s, each timing 2-3 min; a lease holds 30 min
-# with the chunks' transfer, so MORE_ALT with MORE_STEPS=1500 fits with one timing (no DEEP_TREES, no HELDOUT),
-# and HEAD's own timing, last, is the first thing lost.
+# Measured on an H100 (2026-12-06): the 23 chunks ~1.5 min, the teacher data 2 min 39 s, 2,000 head steps 298 s
+# (the target's features kept after the first epoch), each timing ~1 min; a lease holds 30 min, so MORE_ALT with
+# MORE_STEPS=2000 fits beside the timings (the two candidates side by side: their memory is estimated, RESULTS.md).
 # TRAIN_FIRST=1 trains before any timing, then times H2 and HEAD, each with HELDOUT (no FPGA phase, no probe).
 # TREES (default "dynamic:16 dynamic:40") are the tree shapes the first timing adds for the draft and the head.
 # With HEAD, after the first timing, gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath
