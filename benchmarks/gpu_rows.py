@@ -66,16 +66,34 @@ def shapes(cfg) -> dict[str, tuple[int, int, dict]]:
             "lm_head": (cfg.head_vocab_size or cfg.vocab_size, d, {"norm": True})}
 
 
-def sweep_grid(n: int, k: int, norm: bool) -> list[dict]:
+def sweep_grid(n: int, k: int, norm: bool, space: dict[str, tuple[int, ...]] | None = None) -> list[dict]:
     """Block sizes to try: split-K where the output blocks alone leave SMs idle (< 4 per SM); launches with
     RMSNorm read the whole row first, so they split only up to 4 ways. BN 128 for wide weights: each weight
     block's program reads its rows of x (twice with RMSNorm), so x's traffic from L2 is ~2 T / BN of the weight
-    bytes, which a many-row verify feels (benchmarks/RESULTS.md, 2026-12-04 17:48 UTC)."""
-    widths = (16, 32, 64, 128) if n >= 4096 else (16, 32, 64)
+    bytes, which a many-row verify feels (benchmarks/RESULTS.md, 2026-12-04 17:48 UTC). `space` replaces any of
+    the value lists (`sweep_space`), e.g. deeper pipelines of narrower K steps."""
+    space = {"BN": (16, 32, 64, 128) if n >= 4096 else (16, 32, 64), "BK": (128, 256), "SPLIT_K": (1, 2, 4, 8),
+             "num_warps": (4, 8), "num_stages": (3, 4)} | (space or {})
     return [{"BN": bn, "BK": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
-            for bn in widths for bk in (128, 256) for split in (1, 2, 4, 8) for warps in (4, 8)
-            for stages in (3, 4)
+            for bn in space["BN"] for bk in space["BK"] for split in space["SPLIT_K"] for warps in space["num_warps"]
+            for stages in space["num_stages"]
             if (split == 1 or (-(-n // bn) * split <= 2400 and (split <= 4 or not norm))) and k // split >= bk]
+
+
+def sweep_space(text: str) -> dict[str, tuple[int, ...]]:
+    """'BK=64,128 num_stages=4,5,6' -> {"BK": (64, 128), "num_stages": (4, 5, 6)} (the keys of a block-size
+    table; the others keep sweep_grid's lists)."""
+    keys = ("BN", "BK", "SPLIT_K", "num_warps", "num_stages")
+    space = {}
+    for word in text.split():
+        key, _, values = word.partition("=")
+        try:
+            space[key] = tuple(int(v) for v in values.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{word!r}: give KEY=n,n,... with whole numbers") from None
+        if key not in keys or not values:
+            raise argparse.ArgumentTypeError(f"{word!r}: KEY is one of {', '.join(keys)}, e.g. BK=64,128")
+    return space
 
 
 def launch_of(cfg, name: str, n: int, k: int, opts: dict, rows: int):
@@ -105,17 +123,19 @@ def time_launch(launch, weights: list, config: dict | None) -> float | None:
         return None
 
 
-def sweep(cfg, rows: tuple[int, ...] = (1, 5)) -> list[dict]:
-    """Every shape x config at each row count of `rows`; the best by the sum goes into block_sizes.TUNED (so
-    (1, 5, 16, 64) weighs the verify rows as much as the decode row)."""
+def sweep(cfg, rows: tuple[int, ...] = (1, 5), only: tuple[str, ...] = (), space: dict | None = None) -> list[dict]:
+    """Every shape (of `only`, when given) x config at each row count of `rows`; the best by the sum goes into
+    block_sizes.TUNED (so (1, 5, 16, 64) weighs the verify rows as much as the decode row)."""
     results = []
     for name, (n, k, opts) in shapes(cfg).items():
+        if only and name not in only:
+            continue
         rows_n = 2 * n if opts.get("swiglu") else n
         copies = max(2, min(28, -(-240_000_000 // (rows_n * k * 2))))
         weights = [torch.randn(rows_n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         launches = {t: launch_of(cfg, name, n, k, opts, t) for t in rows}
         norm = name == "wqkv" or opts.get("norm", False)
-        grid = [c for c in sweep_grid(n, k, norm) if name != "wqkv" or c["BN"] <= cfg.head_dim // 2]
+        grid = [c for c in sweep_grid(n, k, norm, space) if name != "wqkv" or c["BN"] <= cfg.head_dim // 2]
         for config in grid:
             us = {t: time_launch(launches[t], weights, config) for t in rows}
             if None not in us.values():
@@ -278,6 +298,10 @@ def main(argv=None) -> None:
     p.add_argument("--sweep-rows", default="1,5", type=row_counts,
                    help="row counts whose summed launch time the sweep minimizes (first: the one whose TB/s is "
                    "reported), e.g. 1,5,16,64")
+    p.add_argument("--sweep-shapes", default="", help="sweep only these launches, e.g. w13,w2 (of wqkv, wo, w13, "
+                   "w2, lm_head; the others keep the shipped table)")
+    p.add_argument("--sweep-space", default={}, type=sweep_space,
+                   help="replace the sweep's value lists, e.g. 'BK=64,128 num_stages=4,5,6,7 num_warps=4'")
     p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply instead of sweeping")
     p.add_argument("--modes-only", action="store_true", help="only the launch-mode comparison")
     p.add_argument("--modes", default="", help="launch modes to run, separated by ';' (default: all)")
@@ -296,7 +320,11 @@ def main(argv=None) -> None:
         block_sizes.apply_tuned(json.loads(Path(args.tuned).read_text()))
         tables["given"] = block_sizes.tuned_rows()
     if args.sweep:
-        result["sweep"] = sweep(cfg, args.sweep_rows)
+        only = tuple(w for w in args.sweep_shapes.split(",") if w)
+        unknown = set(only) - set(shapes(cfg))
+        if unknown:
+            p.error(f"--sweep-shapes: unknown launch(es) {sorted(unknown)}; known: {', '.join(shapes(cfg))}")
+        result["sweep"] = sweep(cfg, args.sweep_rows, only, args.sweep_space)
         (out / "tuned.json").write_text(json.dumps(block_sizes.tuned_rows()))
         tables["swept"] = block_sizes.tuned_rows()
     model = random_model(cfg)

@@ -283,6 +283,24 @@ def test_sweep_grid_tries_wide_blocks_for_wide_weights_only():
     assert all(1536 // c["SPLIT_K"] >= c["BK"] for c in wide + narrow)
 
 
+def test_sweep_space_replaces_only_the_lists_it_names():
+    """`--sweep-space` (deeper pipelines for the gate/up and down launches): a named list replaces sweep_grid's,
+    the others stay; the split and BK rules still hold; a bad word is refused in one line."""
+    import argparse
+
+    from benchmarks.gpu_rows import sweep_grid, sweep_space
+
+    space = sweep_space("BK=64,512 num_stages=5,6")
+    grid = sweep_grid(1536, 8960, norm=False, space=space)
+    assert {c["BK"] for c in grid} == {64, 512} and {c["num_stages"] for c in grid} == {5, 6}
+    assert {c["BN"] for c in grid} == {16, 32, 64} and {c["num_warps"] for c in grid} == {4, 8}
+    assert all(8960 // c["SPLIT_K"] >= c["BK"] for c in grid)
+    assert max(c["SPLIT_K"] for c in sweep_grid(8960, 1536, norm=True, space=space)) <= 4
+    for bad in ("BK=", "BK=x", "stages=3", "BK"):
+        with pytest.raises(argparse.ArgumentTypeError, match="KEY"):
+            sweep_space(bad)
+
+
 def test_sweep_rows_are_row_counts_a_launch_takes():
     import argparse
 
