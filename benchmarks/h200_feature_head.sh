@@ -29,7 +29,7 @@
 # the validation split chooses between them ($out/chosen.txt, both recipes in $out), and only that one is timed.
 # Measured on an H100 (2026-12-06): the 23 chunks ~1.5 min, the teacher data 2 min 39 s, 2,000 head steps 298 s
 # (the target's features kept after the first epoch), each timing ~1 min; a lease holds 30 min, so MORE_ALT with
-# MORE_STEPS=2000 fits beside the timings (the two candidates side by side: their memory is estimated, RESULTS.md).
+# MORE_STEPS=2000 fits beside the timings (the two candidates side by side; a step's peak: 9.5 GiB, RESULTS.md).
 # TRAIN_FIRST=1 trains before any timing, then times H2 and HEAD, each with HELDOUT (no FPGA phase, no probe).
 # TREES (default "dynamic:16 dynamic:40") are the tree shapes the first timing adds for the draft and the head.
 # With HEAD, after the first timing, gpu_speed.py --phases fpga --fpga-head drafts with the head's int8 datapath
@@ -111,9 +111,9 @@ more() {  # MORE_STEPS more steps of $HEAD (H2), timed with the same prompts and
   done
   rm -f "$out"/train_fh2.out "$out"/train_fh2b.out
   # the two candidates train side by side. On the 2026-12-06 H100 both ran out of memory so: each step held
-  # full-vocabulary logits, 30-44 GB. The loss now reads the head's own rows of the loss positions only: a step
-  # peaks 6.6 GB above what it holds (measured on a CPU), ~17 GB a process with the target and the kept features
-  # (estimated; benchmarks/train_step.py reports the GPU's peak)
+  # full-vocabulary logits, 30-44 GB. The loss now reads the head's own rows of the loss positions only: a step's
+  # peak is 9.5 GiB against 27.1 before (benchmarks/train_step.py, H100, 2026-12-06 04:03 lease; random weights, a
+  # 2-layer target); with the 3 GB target and the kept features (up to ~6 GB) two should fit on one H100 (not yet run)
   train l4-d512-v32768-fh2 FEATURE_HEAD=1 SUFFIX=2 INIT_FROM="$HEAD" STEPS="$MORE_STEPS" > "$out/train_fh2.out" 2>&1 &
   local first=$!
   if [ -n "${MORE_ALT:-}" ]; then
