@@ -1,19 +1,28 @@
 """Compile the fused GEMV launches of the 1.5B target for sm_90 on any machine (no GPU) and print what the
-compiler made of them: the tensor-core instruction, cp.async copies and shared memory, per row-tile height.
+compiler made of them: the tensor-core instruction, cp.async copies, shared memory, registers per thread and
+the programs an SM can then hold at once, per row-tile height.
 
-Why: a device lease is scarce, and a tile height or block size that needs more shared memory than an SM has
-for two programs is visible here before any timing. The JIT's specialisation is imitated: pointers and the
-ints that are multiples of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
+Why: a device lease is scarce, and a tile height or block size that needs more shared memory or registers than
+an SM has for two programs is visible here before any timing. Nsight Compute on an H100 (benchmarks/RESULTS.md,
+2026-12-06 04:03 UTC) found the gate/up launch at 250 registers, so 2 programs (8 warps) per SM, its warps
+waiting most of the time; the registers here are the same count (the compiled cubin's, read with the
+cuobjdump that Triton ships). The JIT's specialisation is imitated: pointers and the ints that are multiples
+of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
 
     python gpu/compile_sm90.py 16 32 64          # heights (default: 16)
     python gpu/compile_sm90.py --stream-ahead 16 # with a 512-column weight prefetch and the early trigger
                                                  # (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER)
+    python gpu/compile_sm90.py --shape 8960x1536 --space "BK=128,256 num_warps=4,8"
+                                                 # one launch over block sizes (gpu_rows.py --sweep-space's words)
 """
 
 from __future__ import annotations
 
 import inspect
+import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,6 +41,8 @@ DIVISIBLE = ("x_stride", "N", "k_len")
 # The 1.5B target's launches: (N, K) -> what runs on that weight
 LAUNCHES = {(2048, 1536): "qkv + rope", (1536, 1536): "o proj + residual", (8960, 1536): "norm + gate/up",
             (1536, 8960): "down + residual", (151936, 1536): "norm + lm head"}
+# An sm_90 SM: its register file, shared memory (less 1 KiB the driver keeps per program), programs and warps
+SM_REGISTERS, SM_SHARED, PROGRAM_RESERVED, SM_PROGRAMS, SM_WARPS = 65536, 228 * 1024, 1024, 32, 64
 
 
 def compiled(fn, types: dict, consts: dict, cfg: dict):
@@ -47,10 +58,11 @@ def compiled(fn, types: dict, consts: dict, cfg: dict):
                           options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
 
 
-def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False):
-    """The target's launch on weight `shape` with `height`-row tiles, compiled for sm_90; `ahead`: with the weight
-    prefetch of 512 columns and the early trigger (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER)."""
-    cfg, what = TUNED[shape], LAUNCHES[shape]
+def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict | None = None):
+    """The target's launch on weight `shape` with `height`-row tiles, compiled for sm_90 (its shipped block sizes,
+    or `cfg`); `ahead`: with the weight prefetch of 512 columns and the early trigger (fused.PREFETCH_COLUMNS,
+    decode_attention.EARLY_TRIGGER)."""
+    cfg, what = cfg or TUNED[shape], LAUNCHES[shape]
     common = {"K": shape[1], "F32": False, "BT": height, "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"], "PDL": True,
               "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead, "THREADS": 32 * cfg["num_warps"]}
     if what.startswith("qkv"):
@@ -61,16 +73,73 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False):
     return compiled(fused._linear_kernel, LINEAR, consts, cfg)
 
 
-def describe(height: int, shape: tuple[int, int], ahead: bool = False) -> str:
+def registers(cubin: bytes) -> int | None:
+    """Registers per thread of the cubin's kernel (Triton's bundled cuobjdump -res-usage); None without the tool."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.is_file():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        report = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+)", report)
+    return int(found.group(1)) if found else None
+
+
+def programs_per_sm(regs: int, warps: int, shared: int) -> int:
+    """Programs an sm_90 SM can hold at once: registers are given out per warp in units of 256, shared memory per
+    program with the driver's 1 KiB on top; at most 32 programs and 64 warps. An upper bound: the driver may carve
+    out less than the whole 228 KiB for shared memory (ncu's "Block Limit Shared Mem")."""
+    per_warp = -(-regs * 32 // 256) * 256
+    return min(SM_REGISTERS // (per_warp * warps), SM_SHARED // (shared + PROGRAM_RESERVED), SM_PROGRAMS,
+               SM_WARPS // warps)
+
+
+def describe(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict | None = None) -> str:
     what = LAUNCHES[shape]
-    kernel = compiled_launch(height, shape, ahead)
+    kernel = compiled_launch(height, shape, ahead, cfg)
+    warps = (cfg or TUNED[shape])["num_warps"]
+    regs = registers(kernel.asm["cubin"])
+    fit = f"regs {regs:3d}  programs/SM {programs_per_sm(regs, warps, kernel.metadata.shared):2d}" if regs else \
+        "regs   ?"
     ptx = kernel.asm["ptx"]
     instruction = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync"
     ahead_part = (f"  L2 prefetch {ptx.count('cp.async.bulk.prefetch.L2'):2d}  "
                   f"trigger {ptx.count('griddepcontrol.launch_dependents'):2d}") if ahead else ""
     copies = ptx.count("cp.async") - ptx.count("cp.async.bulk.prefetch")
     return (f"{height:3d} rows  {what:18s} {shape[0]:6d}x{shape[1]:<5d} {instruction:8s} "
-            f"cp.async {copies:3d}  shared {kernel.metadata.shared / 1024:6.1f} KiB{ahead_part}")
+            f"cp.async {copies:3d}  shared {kernel.metadata.shared / 1024:6.1f} KiB  {fit}{ahead_part}")
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value after `name` in argv (both removed), or None."""
+    if name not in argv:
+        return None
+    at = argv.index(name)
+    if at + 1 >= len(argv):
+        sys.exit(f"error: {name} needs a value")
+    value = argv[at + 1]
+    del argv[at:at + 2]
+    return value
+
+
+def launch_space(shape_text: str, space_text: str) -> tuple[tuple[int, int], list[dict]]:
+    """--shape NxK (one of LAUNCHES) and --space words -> (shape, the block sizes gpu_rows.py --sweep would try)."""
+    import argparse
+
+    from benchmarks.gpu_rows import sweep_grid, sweep_space
+
+    shape = tuple(int(v) for v in shape_text.split("x")) if re.fullmatch(r"\d+x\d+", shape_text) else None
+    if shape not in LAUNCHES:
+        sys.exit(f"error: --shape is one of {', '.join(f'{n}x{k}' for n, k in LAUNCHES)}, got {shape_text}")
+    try:
+        space = sweep_space(space_text)
+    except argparse.ArgumentTypeError as exc:
+        sys.exit(f"error: --space {exc}")
+    grid = sweep_grid(*shape, "norm" in LAUNCHES[shape] or "qkv" in LAUNCHES[shape], space)
+    return shape, [{**c, "BN": min(c["BN"], 64)} if "qkv" in LAUNCHES[shape] else c for c in grid]
 
 
 def main(argv: list[str]) -> None:
@@ -78,12 +147,19 @@ def main(argv: list[str]) -> None:
         sys.exit("error: Triton is not installed (pip install triton; CUDA builds of torch ship it)")
     ahead = "--stream-ahead" in argv
     argv = [a for a in argv if a != "--stream-ahead"]
+    shape_text, space_text = _option(argv, "--shape"), _option(argv, "--space")
     try:
         heights = [int(a) for a in argv] or [16]
     except ValueError:
         sys.exit(f"error: row-tile heights must be integers such as 16 32 64, got {' '.join(argv)}")
     if any(h < 16 or h & (h - 1) for h in heights):
         sys.exit(f"error: a row-tile height is a power of two >= 16, got {' '.join(argv)}")
+    if shape_text or space_text:
+        shape, grid = launch_space(shape_text or "8960x1536", space_text or "")
+        for height in heights:
+            for cfg in grid:
+                print(f"{describe(height, shape, ahead, cfg)}  {cfg}", flush=True)
+        return
     for height in heights:
         for shape in LAUNCHES:
             print(describe(height, shape, ahead), flush=True)

@@ -354,8 +354,35 @@ def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
     lines = done.stdout.splitlines()
     assert len(lines) == 5 and all("mma.sync" in line for line in lines)
     assert all(float(line.split("shared")[1].split()[0]) > 0 for line in lines)
+    if all("regs   ?" not in line for line in lines):  # Triton ships cuobjdump: registers and programs per SM
+        assert all(0 < int(line.split("regs")[1].split()[0]) <= 255 for line in lines)
+        assert all(int(line.split("programs/SM")[1].split()[0]) >= 1 for line in lines)
     bad = subprocess.run([sys.executable, str(tool), "12"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.strip() == "error: a row-tile height is a power of two >= 16, got 12"
+    space = subprocess.run([sys.executable, str(tool), "--shape", "8960x1536", "--space",
+                            "BN=32 BK=128 num_warps=4 num_stages=2,3"], capture_output=True, text=True, timeout=600)
+    assert space.returncode == 0, space.stderr[-2000:]
+    assert len(space.stdout.splitlines()) == 3 * 2  # split-K 1, 2, 4 (an RMSNorm launch) x 2 stage counts
+    for args, says in ((["--shape", "10x10"], "--shape is one of"), (["--space", "BK=x"], "--space")):
+        bad = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 1 and bad.stderr.startswith(f"error: {says}"), bad.stderr
+
+
+def test_programs_per_sm_follow_registers_and_shared_memory():
+    """gpu/compile_sm90.py's occupancy: the gate/up launch's 250 registers x 4 warps leave room for 2 programs (as
+    Nsight Compute counted on an H100); 158 registers for 3; shared memory and the warp limit bound it too."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+    try:
+        import compile_sm90
+    finally:
+        sys.path.pop(0)
+    assert compile_sm90.programs_per_sm(250, 4, 89 * 1024) == 2
+    assert compile_sm90.programs_per_sm(158, 4, 44 * 1024) == 3
+    assert compile_sm90.programs_per_sm(32, 4, 120 * 1024) == 1  # shared memory binds
+    assert compile_sm90.programs_per_sm(16, 32, 0) == 2  # 64 warps an SM
 
 
 def test_the_heads_fpga_projection_keeps_every_measured_cost(tmp_path):
