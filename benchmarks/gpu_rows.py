@@ -50,6 +50,7 @@ from benchmarks.gpu_decode import SHAPES, graph_of, random_model, rotating  # no
 from benchmarks.gpu_modes import TALL_TILES, fastest_table, launch_modes  # noqa: E402
 from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
+from dfvg.errors import OneLineParser, UserError  # noqa: E402
 from dfvg.gpu import block_sizes, fused  # noqa: E402
 from dfvg.gpu.graphs import GraphModel, capture_graph  # noqa: E402
 
@@ -80,20 +81,49 @@ def sweep_grid(n: int, k: int, norm: bool, space: dict[str, tuple[int, ...]] | N
             if (split == 1 or (-(-n // bn) * split <= 2400 and (split <= 4 or not norm))) and k // split >= bk]
 
 
+SPACE_KEYS = ("BN", "BK", "SPLIT_K", "num_warps", "num_stages")  # a block-size table's keys
+
+
 def sweep_space(text: str) -> dict[str, tuple[int, ...]]:
-    """'BK=64,128 num_stages=4,5,6' -> {"BK": (64, 128), "num_stages": (4, 5, 6)} (the keys of a block-size
-    table; the others keep sweep_grid's lists)."""
-    keys = ("BN", "BK", "SPLIT_K", "num_warps", "num_stages")
-    space = {}
+    """'BK=64,128 num_stages=4,5,6' -> {"BK": (64, 128), "num_stages": (4, 5, 6)}; the keys it does not name keep
+    sweep_grid's lists. Why: a lease tests one hypothesis (e.g. deeper pipelines of narrower K steps) on the
+    launches it concerns, in minutes, instead of the whole default grid. Refused in one line: an unknown or
+    repeated key, and values a launch cannot take (block sizes, splits and warps are powers of two; stages >= 1)."""
+    space: dict[str, tuple[int, ...]] = {}
     for word in text.split():
         key, _, values = word.partition("=")
+        if key not in SPACE_KEYS or key in space:
+            raise argparse.ArgumentTypeError(f"{word!r}: KEY is one of {', '.join(SPACE_KEYS)}, each once (BK=64,128)")
         try:
-            space[key] = tuple(int(v) for v in values.split(","))
+            numbers = tuple(int(v) for v in values.split(","))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{word!r}: give KEY=n,n,... with whole numbers") from None
-        if key not in keys or not values:
-            raise argparse.ArgumentTypeError(f"{word!r}: KEY is one of {', '.join(keys)}, e.g. BK=64,128")
+            raise argparse.ArgumentTypeError(f"{word!r}: give {key}=n,n,... with whole numbers") from None
+        if any(v < 1 or (key != "num_stages" and v & (v - 1)) for v in numbers):
+            rule = "whole numbers >= 1" if key == "num_stages" else "powers of two >= 1, e.g. 64,128"
+            raise argparse.ArgumentTypeError(f"{word!r}: {key} values are {rule}")
+        space[key] = numbers
     return space
+
+
+def shape_grid(cfg, name: str, space: dict | None = None) -> list[dict]:
+    """sweep_grid's block sizes for launch `name`; QKV + RoPE's BN within half a head (RoPE's pairs, one program)."""
+    n, k, opts = shapes(cfg)[name]
+    norm = name == "wqkv" or opts.get("norm", False)
+    return [c for c in sweep_grid(n, k, norm, space) if name != "wqkv" or c["BN"] <= cfg.head_dim // 2]
+
+
+def sweep_launches(cfg, only_text: str, space: dict) -> tuple[str, ...]:
+    """--sweep-shapes' launches (all when empty), checked before any GPU time: UserError for a name that is not a
+    launch, or a `space` that leaves one nothing to try."""
+    only = tuple(w for w in only_text.split(",") if w) or tuple(shapes(cfg))
+    unknown = sorted(set(only) - set(shapes(cfg)))
+    if unknown:
+        raise UserError(f"--sweep-shapes: unknown launch(es) {unknown}; known: {', '.join(shapes(cfg))}")
+    for name in only:
+        if not shape_grid(cfg, name, space):
+            raise UserError(f"--sweep-space leaves {name} no block sizes (split-K over 4 is refused where RMSNorm "
+                            "comes first, a split must keep one BK step, QKV's BN is at most 64): widen it")
+    return only
 
 
 def launch_of(cfg, name: str, n: int, k: int, opts: dict, rows: int):
@@ -124,31 +154,32 @@ def time_launch(launch, weights: list, config: dict | None) -> float | None:
 
 
 def sweep(cfg, rows: tuple[int, ...] = (1, 5), only: tuple[str, ...] = (), space: dict | None = None) -> list[dict]:
-    """Every shape (of `only`, when given) x config at each row count of `rows`; the best by the sum goes into
-    block_sizes.TUNED (so (1, 5, 16, 64) weighs the verify rows as much as the decode row)."""
+    """Every launch of `only` (default: all) x config at each row count of `rows`; the best by the sum goes into
+    block_sizes.TUNED (so (1, 5, 16, 64) weighs the verify rows as much as the decode row). A launch none of
+    whose configs builds keeps its table entry, with a printed line."""
     results = []
-    for name, (n, k, opts) in shapes(cfg).items():
-        if only and name not in only:
-            continue
+    for name in only or shapes(cfg):
+        n, k, opts = shapes(cfg)[name]
         rows_n = 2 * n if opts.get("swiglu") else n
         copies = max(2, min(28, -(-240_000_000 // (rows_n * k * 2))))
         weights = [torch.randn(rows_n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         launches = {t: launch_of(cfg, name, n, k, opts, t) for t in rows}
-        norm = name == "wqkv" or opts.get("norm", False)
-        grid = [c for c in sweep_grid(n, k, norm, space) if name != "wqkv" or c["BN"] <= cfg.head_dim // 2]
-        for config in grid:
+        for config in shape_grid(cfg, name, space):
             us = {t: time_launch(launches[t], weights, config) for t in rows}
             if None not in us.values():
                 results.append({"shape": name, "n": n, "k": k, "config": config,
                                 **{f"us_T{t}": us[t] for t in rows},
                                 f"TB_s_T{rows[0]}": rows_n * k * 2 / us[rows[0]] / 1e6})
+        del weights
         mine = [r for r in results if r["shape"] == name]
+        if not mine:
+            print(f"  {name:8s} {n}x{k}: no config built; its table entry stays", flush=True)
+            continue
         best = min(mine, key=lambda r: sum(r[f"us_T{t}"] for t in rows))
         block_sizes.apply_tuned([[n, k, best["config"]]])
         best["best"] = True
         print(f"  {name:8s} {n}x{k}: best {best['config']} " + ", ".join(f"T={t} {best[f'us_T{t}']:.1f} us"
                                                                          for t in rows), flush=True)
-        del weights
     return results
 
 
@@ -291,42 +322,50 @@ def row_counts(text: str) -> tuple[int, ...]:
     return rows
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=".")
-    p.add_argument("--sweep", action="store_true")
-    p.add_argument("--sweep-rows", default="1,5", type=row_counts,
-                   help="row counts whose summed launch time the sweep minimizes (first: the one whose TB/s is "
-                   "reported), e.g. 1,5,16,64")
-    p.add_argument("--sweep-shapes", default="", help="sweep only these launches, e.g. w13,w2 (of wqkv, wo, w13, "
-                   "w2, lm_head; the others keep the shipped table)")
-    p.add_argument("--sweep-space", default={}, type=sweep_space,
-                   help="replace the sweep's value lists, e.g. 'BK=64,128 num_stages=4,5,6,7 num_warps=4'")
-    p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply instead of sweeping")
-    p.add_argument("--modes-only", action="store_true", help="only the launch-mode comparison")
-    p.add_argument("--modes", default="", help="launch modes to run, separated by ';' (default: all)")
-    p.add_argument("--profile", action="store_true",
-                   help="first, device time per kernel at T = 1 / 16 / 64, contexts 512 and 32,704")
-    args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("gpu_rows.py needs a CUDA GPU (this machine has none)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = SHAPES["qwen2.5-coder-1.5b"]
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
-              "provenance": "measured"}
+def block_size_tables(args, cfg, only: tuple[str, ...], result: dict, out: Path) -> dict[str, list]:
+    """The tables the launch modes compare: shipped, --tuned's ("given"), the sweep's ("swept", in tuned.json)."""
     tables = {"shipped": block_sizes.tuned_rows()}
     if args.tuned:
         block_sizes.apply_tuned(json.loads(Path(args.tuned).read_text()))
         tables["given"] = block_sizes.tuned_rows()
     if args.sweep:
-        only = tuple(w for w in args.sweep_shapes.split(",") if w)
-        unknown = set(only) - set(shapes(cfg))
-        if unknown:
-            p.error(f"--sweep-shapes: unknown launch(es) {sorted(unknown)}; known: {', '.join(shapes(cfg))}")
         result["sweep"] = sweep(cfg, args.sweep_rows, only, args.sweep_space)
         (out / "tuned.json").write_text(json.dumps(block_sizes.tuned_rows()))
         tables["swept"] = block_sizes.tuned_rows()
+    return tables
+
+
+def main(argv=None) -> None:
+    p = OneLineParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=".")
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sweep-rows", default="1,5", type=row_counts,
+                   help="row counts whose summed launch time the sweep minimizes (first: the one whose TB/s is "
+                   "reported), e.g. 1,5,16,64")
+    p.add_argument("--sweep-shapes", default="", help="with --sweep: only these launches, e.g. w13,w2 (of wqkv, wo, "
+                   "w13, w2, lm_head; the others keep the table they have)")
+    p.add_argument("--sweep-space", default={}, type=sweep_space,
+                   help="with --sweep: replace its value lists, e.g. 'BK=64,128 num_stages=4,5,6,7 num_warps=4'")
+    p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply (a --sweep then starts from it)")
+    p.add_argument("--modes-only", action="store_true", help="only the launch-mode comparison")
+    p.add_argument("--modes", default="", help="launch modes to run, separated by ';' (default: all)")
+    p.add_argument("--profile", action="store_true",
+                   help="first, device time per kernel at T = 1 / 16 / 64, contexts 512 and 32,704")
+    args = p.parse_args(argv)
+    if (args.sweep_shapes or args.sweep_space) and not args.sweep:
+        p.error("--sweep-shapes and --sweep-space go with --sweep")
+    cfg = SHAPES["qwen2.5-coder-1.5b"]
+    try:
+        only = sweep_launches(cfg, args.sweep_shapes, args.sweep_space) if args.sweep else ()
+    except UserError as exc:
+        p.error(str(exc))
+    if not torch.cuda.is_available():
+        sys.exit("gpu_rows.py needs a CUDA GPU (this machine has none)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
+              "provenance": "measured"}
+    tables = block_size_tables(args, cfg, only, result, out)
     model = random_model(cfg)
     gm = GraphModel(model, compile_blocks=False, fused_layers=True)
     gm.ensure_cache(max(CONTEXTS) + max(ROWS))

@@ -98,6 +98,7 @@ def programs_per_sm(regs: int, warps: int, shared: int) -> int:
 
 
 def describe(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict | None = None) -> str:
+    """One line: the launch, its instruction, cp.async copies, shared memory, registers and programs per SM."""
     what = LAUNCHES[shape]
     kernel = compiled_launch(height, shape, ahead, cfg)
     warps = (cfg or TUNED[shape])["num_warps"]
@@ -113,24 +114,27 @@ def describe(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict
             f"cp.async {copies:3d}  shared {kernel.metadata.shared / 1024:6.1f} KiB  {fit}{ahead_part}")
 
 
-def _option(argv: list[str], name: str) -> str | None:
+def _option(argv: list[str], name: str, example: str) -> str | None:
     """The value after `name` in argv (both removed), or None."""
     if name not in argv:
         return None
     at = argv.index(name)
     if at + 1 >= len(argv):
-        sys.exit(f"error: {name} needs a value")
+        sys.exit(f"error: {name} needs a value, e.g. {name} {example}")
     value = argv[at + 1]
     del argv[at:at + 2]
     return value
 
 
 def launch_space(shape_text: str, space_text: str) -> tuple[tuple[int, int], list[dict]]:
-    """--shape NxK (one of LAUNCHES) and --space words -> (shape, the block sizes gpu_rows.py --sweep would try)."""
+    """--shape NxK (one of LAUNCHES; default the gate/up launch's 8960x1536) and --space words -> (shape, the
+    block sizes `gpu_rows.py --sweep --sweep-space` would try on that launch); a bad value is one line."""
     import argparse
 
-    from benchmarks.gpu_rows import sweep_grid, sweep_space
+    from benchmarks.gpu_decode import SHAPES
+    from benchmarks.gpu_rows import shape_grid, shapes, sweep_space
 
+    cfg = SHAPES["qwen2.5-coder-1.5b"]
     shape = tuple(int(v) for v in shape_text.split("x")) if re.fullmatch(r"\d+x\d+", shape_text) else None
     if shape not in LAUNCHES:
         sys.exit(f"error: --shape is one of {', '.join(f'{n}x{k}' for n, k in LAUNCHES)}, got {shape_text}")
@@ -138,16 +142,21 @@ def launch_space(shape_text: str, space_text: str) -> tuple[tuple[int, int], lis
         space = sweep_space(space_text)
     except argparse.ArgumentTypeError as exc:
         sys.exit(f"error: --space {exc}")
-    grid = sweep_grid(*shape, "norm" in LAUNCHES[shape] or "qkv" in LAUNCHES[shape], space)
-    return shape, [{**c, "BN": min(c["BN"], 64)} if "qkv" in LAUNCHES[shape] else c for c in grid]
+    name = next(name for name, (n, k, _) in shapes(cfg).items() if (n, k) == shape)
+    grid = shape_grid(cfg, name, space)
+    if not grid:
+        sys.exit(f"error: --space {space_text!r} leaves the {LAUNCHES[shape]} launch no block sizes (gpu_rows.py's "
+                 "rules: split-K at most 4 after RMSNorm, one BK step per split, QKV's BN at most 64): widen it")
+    return shape, grid
 
 
 def main(argv: list[str]) -> None:
+    """Print one line per launch (or per block size of --shape's launch over --space) and row-tile height."""
     if not HAVE_TRITON:
         sys.exit("error: Triton is not installed (pip install triton; CUDA builds of torch ship it)")
     ahead = "--stream-ahead" in argv
     argv = [a for a in argv if a != "--stream-ahead"]
-    shape_text, space_text = _option(argv, "--shape"), _option(argv, "--space")
+    shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
     try:
         heights = [int(a) for a in argv] or [16]
     except ValueError:

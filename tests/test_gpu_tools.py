@@ -1,0 +1,113 @@
+"""The GPU benchmarks' tools that run without a GPU: gpu_rows.py's block-size sweep options and
+gpu/compile_sm90.py's compile report (instruction, shared memory, registers, programs per SM)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_sweep_grid_tries_wide_blocks_for_wide_weights_only():
+    """BN 128 (x read from L2 4x less often by a many-row verify) for the gate/up and LM-head shapes; RMSNorm
+    launches split K at most 4 ways; no split leaves a program less than one BK step."""
+    from benchmarks.gpu_rows import sweep_grid
+
+    wide, narrow = sweep_grid(8960, 1536, norm=True), sweep_grid(1536, 1536, norm=False)
+    assert {c["BN"] for c in wide} == {16, 32, 64, 128} and {c["BN"] for c in narrow} == {16, 32, 64}
+    assert max(c["SPLIT_K"] for c in wide) <= 4
+    assert all(1536 // c["SPLIT_K"] >= c["BK"] for c in wide + narrow)
+
+
+def test_sweep_space_replaces_only_the_lists_it_names():
+    """`--sweep-space` (deeper pipelines for the gate/up and down launches): a named list replaces sweep_grid's,
+    the others stay; the split and BK rules still hold; a bad word is refused in one line."""
+    from benchmarks.gpu_rows import sweep_grid, sweep_space
+
+    space = sweep_space("BK=64,512 num_stages=5,6")
+    grid = sweep_grid(1536, 8960, norm=False, space=space)
+    assert {c["BK"] for c in grid} == {64, 512} and {c["num_stages"] for c in grid} == {5, 6}
+    assert {c["BN"] for c in grid} == {16, 32, 64} and {c["num_warps"] for c in grid} == {4, 8}
+    assert all(8960 // c["SPLIT_K"] >= c["BK"] for c in grid)
+    assert max(c["SPLIT_K"] for c in sweep_grid(8960, 1536, norm=True, space=space)) <= 4
+    assert sweep_space("num_stages=3,5 SPLIT_K=1,2") == {"num_stages": (3, 5), "SPLIT_K": (1, 2)}
+    for bad, says in (("BK=", "whole numbers"), ("BK=x", "whole numbers"), ("stages=3", "KEY is one of"),
+                      ("BK", "whole numbers"), ("BK=64 BK=128", "each once"), ("SPLIT_K=0", "powers of two"),
+                      ("BK=48", "powers of two"), ("BN=-16", "powers of two"), ("num_stages=0", ">= 1")):
+        with pytest.raises(argparse.ArgumentTypeError, match=says):
+            sweep_space(bad)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--sweep-space", "BK=64"], "go with --sweep"),
+    (["--sweep-shapes", "w13"], "go with --sweep"),
+    (["--sweep", "--sweep-shapes", "w9"], "unknown launch(es) ['w9']"),
+    (["--sweep", "--sweep-shapes", "w13", "--sweep-space", "SPLIT_K=8"], "leaves w13 no block sizes"),
+    (["--sweep", "--sweep-shapes", "wqkv", "--sweep-space", "BN=128"], "leaves wqkv no block sizes"),
+    (["--sweep", "--sweep-space", "SPLIT_K=0"], "powers of two"),
+])
+def test_gpu_rows_refuses_a_sweep_it_cannot_run_in_one_line_before_any_gpu_time(args, says, capsys):
+    """Checked before the GPU is asked for (this machine has none): one line on stderr, exit 2."""
+    from benchmarks import gpu_rows
+
+    with pytest.raises(SystemExit) as exited:
+        gpu_rows.main(args)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and says in err and err.count("\n") == 1, err
+
+
+def test_sweep_rows_are_row_counts_a_launch_takes():
+    from benchmarks.gpu_rows import row_counts
+
+    assert row_counts("1,5,16,64") == (1, 5, 16, 64)
+    for bad in ("", "1,x", "0", "65"):
+        with pytest.raises(argparse.ArgumentTypeError, match="row counts 1..64"):
+            row_counts(bad)
+
+
+def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
+    """gpu/compile_sm90.py compiles without a GPU: 16-row tiles take mma.sync and every launch of the target
+    reports its shared memory; a height that is not a power of two >= 16 is one line."""
+    from dfvg.gpu.kernels import HAVE_TRITON
+
+    if not HAVE_TRITON:
+        pytest.skip("Triton is not installed")
+    tool = ROOT / "gpu" / "compile_sm90.py"
+    done = subprocess.run([sys.executable, str(tool), "16"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 5 and all("mma.sync" in line for line in lines)
+    assert all(float(line.split("shared")[1].split()[0]) > 0 for line in lines)
+    if all("regs   ?" not in line for line in lines):  # Triton ships cuobjdump: registers and programs per SM
+        assert all(0 < int(line.split("regs")[1].split()[0]) <= 255 for line in lines)
+        assert all(int(line.split("programs/SM")[1].split()[0]) >= 1 for line in lines)
+    bad = subprocess.run([sys.executable, str(tool), "12"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.strip() == "error: a row-tile height is a power of two >= 16, got 12"
+    space = subprocess.run([sys.executable, str(tool), "--shape", "8960x1536", "--space",
+                            "BN=32 BK=128 num_warps=4 num_stages=2,3"], capture_output=True, text=True, timeout=600)
+    assert space.returncode == 0, space.stderr[-2000:]
+    assert len(space.stdout.splitlines()) == 3 * 2  # split-K 1, 2, 4 (an RMSNorm launch) x 2 stage counts
+    for args, says in ((["--shape", "10x10"], "--shape is one of"), (["--space", "BK=x"], "--space"),
+                       (["--space", "SPLIT_K=8"], "--space 'SPLIT_K=8' leaves the norm + gate/up launch no block"),
+                       (["--shape"], "--shape needs a value, e.g. --shape 8960x1536")):
+        bad = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 1 and bad.stderr.startswith(f"error: {says}"), bad.stderr
+
+
+def test_programs_per_sm_follow_registers_and_shared_memory():
+    """gpu/compile_sm90.py's occupancy: the gate/up launch's 250 registers x 4 warps leave room for 2 programs (as
+    Nsight Compute counted on an H100); 158 registers for 3; shared memory and the warp limit bound it too."""
+    sys.path.insert(0, str(ROOT / "gpu"))
+    try:
+        import compile_sm90
+    finally:
+        sys.path.pop(0)
+    assert compile_sm90.programs_per_sm(250, 4, 89 * 1024) == 2
+    assert compile_sm90.programs_per_sm(158, 4, 44 * 1024) == 3
+    assert compile_sm90.programs_per_sm(32, 4, 120 * 1024) == 1  # shared memory binds
+    assert compile_sm90.programs_per_sm(16, 32, 0) == 2  # 64 warps an SM
