@@ -43,6 +43,7 @@ LAUNCHES = {(2048, 1536): "qkv + rope", (1536, 1536): "o proj + residual", (8960
             (1536, 8960): "down + residual", (151936, 1536): "norm + lm head"}
 # An sm_90 SM: its register file, shared memory (less 1 KiB the driver keeps per program), programs and warps
 SM_REGISTERS, SM_SHARED, PROGRAM_RESERVED, SM_PROGRAMS, SM_WARPS = 65536, 228 * 1024, 1024, 32, 64
+SMS = 132  # an H100 SXM's and an H200's SMs
 
 
 def compiled(fn, types: dict, consts: dict, cfg: dict):
@@ -97,14 +98,26 @@ def programs_per_sm(regs: int, warps: int, shared: int) -> int:
                SM_WARPS // warps)
 
 
+def one_row_programs(shape: tuple[int, int], cfg: dict) -> int:
+    """Programs of the launch at T = 1 (one row tile): output blocks x K splits (`fused._grid`); QKV + RoPE's
+    blocks are BN-column pieces of both halves of each of the 16 q/k/v heads of 128."""
+    n = shape[0]
+    blocks = n // 128 * (64 // min(cfg["BN"], 64)) if LAUNCHES[shape].startswith("qkv") else -(-n // cfg["BN"])
+    return blocks * cfg["SPLIT_K"]
+
+
 def describe(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict | None = None) -> str:
-    """One line: the launch, its instruction, cp.async copies, shared memory, registers and programs per SM."""
+    """One line: the launch, its instruction, cp.async copies, shared memory, registers, programs per SM and the
+    waves its one-row launch takes on 132 SMs (a launch of 1.06 waves runs a tail of programs on a few SMs)."""
     what = LAUNCHES[shape]
     kernel = compiled_launch(height, shape, ahead, cfg)
-    warps = (cfg or TUNED[shape])["num_warps"]
+    cfg = cfg or TUNED[shape]
     regs = registers(kernel.asm["cubin"])
-    fit = f"regs {regs:3d}  programs/SM {programs_per_sm(regs, warps, kernel.metadata.shared):2d}" if regs else \
-        "regs   ?"
+    fit = "regs   ?"
+    if regs:
+        per_sm = programs_per_sm(regs, cfg["num_warps"], kernel.metadata.shared)
+        fit = (f"regs {regs:3d}  programs/SM {per_sm:2d}  "
+               f"waves at T = 1 {one_row_programs(shape, cfg) / (per_sm * SMS):5.2f}")
     ptx = kernel.asm["ptx"]
     instruction = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync"
     ahead_part = (f"  L2 prefetch {ptx.count('cp.async.bulk.prefetch.L2'):2d}  "

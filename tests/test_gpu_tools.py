@@ -86,6 +86,7 @@ def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
     if all("regs   ?" not in line for line in lines):  # Triton ships cuobjdump: registers and programs per SM
         assert all(0 < int(line.split("regs")[1].split()[0]) <= 255 for line in lines)
         assert all(int(line.split("programs/SM")[1].split()[0]) >= 1 for line in lines)
+        assert all(float(line.split("waves at T = 1")[1].split()[0]) > 0 for line in lines)
     bad = subprocess.run([sys.executable, str(tool), "12"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.strip() == "error: a row-tile height is a power of two >= 16, got 12"
     space = subprocess.run([sys.executable, str(tool), "--shape", "8960x1536", "--space",
@@ -111,3 +112,6 @@ def test_programs_per_sm_follow_registers_and_shared_memory():
     assert compile_sm90.programs_per_sm(158, 4, 44 * 1024) == 3
     assert compile_sm90.programs_per_sm(32, 4, 120 * 1024) == 1  # shared memory binds
     assert compile_sm90.programs_per_sm(16, 32, 0) == 2  # 64 warps an SM
+    # programs of a one-row launch (fused._grid): gate/up's 8960 / 32 blocks; QKV's 16 heads x 2 pieces x split 4
+    assert compile_sm90.one_row_programs((8960, 1536), {"BN": 32, "SPLIT_K": 1}) == 280
+    assert compile_sm90.one_row_programs((2048, 1536), {"BN": 32, "SPLIT_K": 4}) == 128
