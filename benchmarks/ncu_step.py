@@ -2,6 +2,7 @@
 
     python benchmarks/ncu_step.py --out $OUT                       # T = 1, the first 24 kernels of a step
     python benchmarks/ncu_step.py --rows 1,16 --kernels 0 --out $OUT  # every kernel of the T = 1 and 16 steps
+    python benchmarks/ncu_step.py --launch w13 --config '{"BK": 128}' --out $OUT   # one GEMV launch, with source
 
 Why: issue 16's plain decode runs at 41-45 % of the weight-stream floor, and CUDA-event timings (gpu_rows.py)
 say how long each launch takes, not why: whether a GEMV is short of bytes in flight, of occupancy, or is one
@@ -22,6 +23,13 @@ ncu serializes and replays each kernel: times are each kernel alone with cold ca
 step's overlapped (PDL) time. Needs ncu's hardware counters: on this workplace's H100s (Firecracker) they work,
 on its gVisor H200s they do not ("LibraryNotLoaded"), and the script then stops with ncu's own message.
 `--clock-control none` leaves the clocks as they are (the device README's rule).
+
+`--launch NAME` profiles one fused GEMV launch alone instead (gpu_rows.py's launches: wqkv, wo, w13, w2, lm_head; at
+`--rows`, with the shipped block sizes or `--config`'s), its 4th call, with ncu's SourceCounters section and the
+kernel's source imported into ncu_launch_<NAME>_T<rows>.ncu-rep: which instruction its warps wait on
+(`ncu --import <file> --page source`). Why: the gate/up launch's warps wait on L1TEX 38.5 % of their stall
+cycles (H100, 2026-12-06), and the sections alone do not say which load. Not yet run on a GPU (CPU tests cover
+the command and the refusals).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import torch  # noqa: E402
 
 from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
 from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
-from benchmarks.gpu_rows import row_counts, step_graph  # noqa: E402  (--rows: gpu_rows.py's row counts)
+from benchmarks.gpu_rows import SPACE_KEYS, launch_of, row_counts, shapes, step_graph  # noqa: E402
 from dfvg.errors import OneLineParser  # noqa: E402
 from dfvg.gpu.graphs import GraphModel  # noqa: E402
 
@@ -66,17 +74,23 @@ COLUMNS = {  # the table's columns: JSON key -> ncu metric (raw page, base units
 CONTEXT = 512
 
 
-def ncu_command(rows: int, kernels: int, log: Path) -> list[str]:
+def ncu_command(rows: int, kernels: int, log: Path, launch: str | None = None, config: str | None = None) -> list[str]:
     """ncu over this script's `--target` part for the `rows`-row step: every kernel node of the bracketed replay,
-    or the first `kernels`; its CSV and its own messages go to `log`."""
+    or the first `kernels`; with `launch`, that one GEMV launch (and `config`), its source counters and a report
+    file beside `log`. Its CSV and its own messages go to `log`."""
     command = ["ncu", "--clock-control", "none", "--graph-profiling", "node", "--profile-from-start", "off",
                "--print-units", "base", "--csv", "--page", "raw", "--log-file", str(log),
                "--metrics", ",".join(EXTRA_METRICS)]
     for section in SECTIONS:
         command += ["--section", section]
+    target = [sys.executable, __file__, "--target", "--rows", str(rows)]
+    if launch:
+        command += ["--section", "SourceCounters", "--import-source", "yes", "--kernel-name",
+                    "regex:_linear_kernel|_qkv_rope_kernel", "--export", str(log.with_suffix(""))]
+        return command + target + ["--launch", launch] + (["--config", config] if config else [])
     if kernels > 0:
         command += ["--launch-count", str(kernels)]
-    return command + [sys.executable, __file__, "--target", "--rows", str(rows)]
+    return command + target
 
 
 def number(text: str) -> float | str:
@@ -167,6 +181,35 @@ def profiled_part(rows: int) -> None:
     torch.cuda.profiler.stop()
 
 
+def profiled_launch(rows: int, launch: str, config: dict | None) -> None:
+    """Inside ncu: one fused GEMV launch (gpu_rows.launch_of) on random weights of its shape, called 3 times warm,
+    then once between cudaProfilerStart/Stop (the call ncu profiles)."""
+    cfg = SHAPES["qwen2.5-coder-1.5b"]
+    n, k, opts = shapes(cfg)[launch]
+    weight = torch.randn(2 * n if opts.get("swiglu") else n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    call = launch_of(cfg, launch, n, k, opts, rows)
+    for _ in range(3):
+        call(weight, config)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    call(weight, config)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def block_config(text: str) -> dict:
+    """--config: a JSON object of block sizes (keys of a block-size table), e.g. '{"BK": 128}'."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError:
+        config = None
+    if not isinstance(config, dict) or not config or set(config) - set(SPACE_KEYS) or \
+            not all(isinstance(v, int) and v >= 1 for v in config.values()):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a JSON object of {', '.join(SPACE_KEYS)} (whole numbers), "
+                                         "e.g. '{\"BK\": 128}'")
+    return config
+
+
 def ncu_message(log: str, stderr: str) -> str:
     """Why ncu profiled nothing, in one line: its last ==ERROR== line, else the program's last stderr line, else
     ncu's last ==PROF== line."""
@@ -176,10 +219,13 @@ def ncu_message(log: str, stderr: str) -> str:
     return (errors or stderr.strip().splitlines() or notes or ["no kernel was profiled"])[-1]
 
 
-def profile(rows: int, kernels: int, out: Path, copy_tb_s: float) -> list[dict]:
-    """One ncu run over the `rows`-row step -> its table (exits with ncu's message where nothing was profiled)."""
-    log = out / f"ncu_step_T{rows}.csv"
-    done = subprocess.run(ncu_command(rows, kernels, log), capture_output=True, text=True,
+def profile(rows: int, kernels: int, out: Path, copy_tb_s: float, launch: str | None = None,
+            config: dict | None = None) -> list[dict]:
+    """One ncu run over the `rows`-row step, or `launch` alone -> its table (exits with ncu's message where
+    nothing was profiled)."""
+    log = out / (f"ncu_launch_{launch}_T{rows}.csv" if launch else f"ncu_step_T{rows}.csv")
+    command = ncu_command(rows, kernels, log, launch, json.dumps(config) if config else None)
+    done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "LC_ALL": "C"})  # "1,234.5", not "1.234,5"
     text = log.read_text() if log.exists() else ""
     kernels_seen = parse_raw_csv(text)
@@ -204,21 +250,32 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--copy-tb-s", type=float, default=None,
                    help="the copy rate the DRAM rate is compared with (default: this GPU's as measured here: "
                    "H100 3.0, H200 4.3 TB/s)")
+    p.add_argument("--launch", choices=("wqkv", "wo", "w13", "w2", "lm_head"),
+                   help="profile this one GEMV launch instead of the step, with its source counters")
+    p.add_argument("--config", type=block_config, help="with --launch: its block sizes, e.g. '{\"BK\": 128}'")
     p.add_argument("--target", action="store_true", help=argparse.SUPPRESS)  # the part ncu runs
     args = p.parse_args(argv)
+    if args.config and not args.launch:
+        p.error("--config goes with --launch")
     if args.target:
         [rows] = args.rows
-        profiled_part(rows)
+        if args.launch:
+            profiled_launch(rows, args.launch, args.config)
+        else:
+            profiled_part(rows)
         return
     if shutil.which("ncu") is None:
         sys.exit("ncu_step.py needs Nsight Compute's ncu on the PATH (it is on the device machines, not here)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     copy_tb_s, gpu = (args.copy_tb_s, None) if args.copy_tb_s else default_copy_tb_s()
-    table = [entry for rows in args.rows for entry in profile(rows, args.kernels, out, copy_tb_s)]
+    table = [entry for rows in args.rows
+             for entry in profile(rows, args.kernels, out, copy_tb_s, args.launch, args.config)]
     print_table(table)
-    (out / "ncu_step.json").write_text(json.dumps(
-        {"gpu": gpu, "rows": args.rows, "context": CONTEXT, "kernels_profiled": len(table), "sections": SECTIONS,
+    (out / (f"ncu_launch_{args.launch}.json" if args.launch else "ncu_step.json")).write_text(json.dumps(
+        {"gpu": gpu, "rows": args.rows, "context": None if args.launch else CONTEXT, "launch": args.launch,
+         "config": args.config,
+         "kernels_profiled": len(table), "sections": SECTIONS,
          "copy_tb_s": copy_tb_s, "launches": table,
          "provenance": "measured (Nsight Compute, each kernel alone, serialized)"}, indent=1))
 

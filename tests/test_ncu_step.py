@@ -67,3 +67,29 @@ def test_refusals_are_one_line(monkeypatch, capsys, tmp_path):
         ncu_step.main(["--rows", "1,65"])
     err = capsys.readouterr().err
     assert "row counts 1..64" in err and "\n" not in err.strip()
+
+
+def test_one_launch_is_profiled_alone_with_its_source_and_a_report(tmp_path):
+    """--launch: the GEMV kernels only, SourceCounters with the source imported, a report beside the CSV, and the
+    target part told which launch and block sizes; the clocks are left alone as for the step."""
+    log = tmp_path / "ncu_launch_w13_T1.csv"
+    command = ncu_step.ncu_command(1, 24, log, "w13", '{"BK": 128}')
+    text = " ".join(command)
+    for flag in ("--clock-control none", "--section SourceCounters", "--import-source yes",
+                 "--kernel-name regex:_linear_kernel|_qkv_rope_kernel", f"--export {tmp_path / 'ncu_launch_w13_T1'}",
+                 "--profile-from-start off", "--target --rows 1 --launch w13"):
+        assert flag in text
+    assert command[-2:] == ["--config", '{"BK": 128}'] and "--launch-count" not in text
+
+
+def test_a_launch_config_is_a_json_object_of_block_sizes(capsys):
+    import argparse
+
+    assert ncu_step.block_config('{"BK": 128, "num_stages": 3}') == {"BK": 128, "num_stages": 3}
+    for bad in ("BK=128", "[128]", "{}", '{"bk": 128}', '{"BK": 0}', '{"BK": "128"}'):
+        with pytest.raises(argparse.ArgumentTypeError, match="JSON object of BN"):
+            ncu_step.block_config(bad)
+    with pytest.raises(SystemExit):
+        ncu_step.main(["--config", '{"BK": 128}'])
+    err = capsys.readouterr().err
+    assert "--config goes with --launch" in err and "\n" not in err.strip()
