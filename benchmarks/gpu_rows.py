@@ -81,9 +81,6 @@ def sweep_grid(n: int, k: int, norm: bool, space: dict[str, tuple[int, ...]] | N
             if (split == 1 or (-(-n // bn) * split <= 2400 and (split <= 4 or not norm))) and k // split >= bk]
 
 
-SPACE_KEYS = ("BN", "BK", "SPLIT_K", "num_warps", "num_stages")  # a block-size table's keys
-
-
 def sweep_space(text: str) -> dict[str, tuple[int, ...]]:
     """'BK=64,128 num_stages=4,5,6' -> {"BK": (64, 128), "num_stages": (4, 5, 6)}; the keys it does not name keep
     sweep_grid's lists. Why: a lease tests one hypothesis (e.g. deeper pipelines of narrower K steps) on the
@@ -92,14 +89,15 @@ def sweep_space(text: str) -> dict[str, tuple[int, ...]]:
     space: dict[str, tuple[int, ...]] = {}
     for word in text.split():
         key, _, values = word.partition("=")
-        if key not in SPACE_KEYS or key in space:
-            raise argparse.ArgumentTypeError(f"{word!r}: KEY is one of {', '.join(SPACE_KEYS)}, each once (BK=64,128)")
+        if key not in block_sizes.BLOCK_KEYS or key in space:
+            keys = ", ".join(block_sizes.BLOCK_KEYS)
+            raise argparse.ArgumentTypeError(f"{word!r}: KEY is one of {keys}, each once (BK=64,128)")
         try:
             numbers = tuple(int(v) for v in values.split(","))
         except ValueError:
             raise argparse.ArgumentTypeError(f"{word!r}: give {key}=n,n,... with whole numbers") from None
-        if any(v < 1 or (key != "num_stages" and v & (v - 1)) for v in numbers):
-            rule = "whole numbers >= 1" if key == "num_stages" else "powers of two >= 1, e.g. 64,128"
+        rule = next((rule for v in numbers if (rule := block_sizes.block_value_rule(key, v))), None)
+        if rule:
             raise argparse.ArgumentTypeError(f"{word!r}: {key} values are {rule}")
         space[key] = numbers
     return space
@@ -115,7 +113,7 @@ def shape_grid(cfg, name: str, space: dict | None = None) -> list[dict]:
 def sweep_launches(cfg, only_text: str, space: dict) -> tuple[str, ...]:
     """--sweep-shapes' launches (all when empty), checked before any GPU time: UserError for a name that is not a
     launch, or a `space` that leaves one nothing to try."""
-    only = tuple(w for w in only_text.split(",") if w) or tuple(shapes(cfg))
+    only = tuple(dict.fromkeys(w for w in only_text.split(",") if w)) or tuple(shapes(cfg))
     unknown = sorted(set(only) - set(shapes(cfg)))
     if unknown:
         raise UserError(f"--sweep-shapes: unknown launch(es) {unknown}; known: {', '.join(shapes(cfg))}")

@@ -51,8 +51,9 @@ import torch  # noqa: E402
 
 from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
 from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
-from benchmarks.gpu_rows import SPACE_KEYS, launch_of, row_counts, shapes, step_graph  # noqa: E402
+from benchmarks.gpu_rows import launch_of, row_counts, shapes, step_graph  # noqa: E402
 from dfvg.errors import OneLineParser  # noqa: E402
+from dfvg.gpu.block_sizes import BLOCK_KEYS, block_value_rule  # noqa: E402
 from dfvg.gpu.graphs import GraphModel  # noqa: E402
 
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "MemoryWorkloadAnalysis", "WarpStateStats")
@@ -86,7 +87,7 @@ def ncu_command(rows: int, kernels: int, log: Path, launch: str | None = None, c
     target = [sys.executable, __file__, "--target", "--rows", str(rows)]
     if launch:
         command += ["--section", "SourceCounters", "--import-source", "yes", "--kernel-name",
-                    "regex:_linear_kernel|_qkv_rope_kernel", "--export", str(log.with_suffix(""))]
+                    "regex:_linear_kernel|_qkv_rope_kernel", "--export", str(log.with_suffix("")), "--force-overwrite"]
         return command + target + ["--launch", launch] + (["--config", config] if config else [])
     if kernels > 0:
         command += ["--launch-count", str(kernels)]
@@ -203,34 +204,44 @@ def block_config(text: str) -> dict:
         config = json.loads(text)
     except json.JSONDecodeError:
         config = None
-    if not isinstance(config, dict) or not config or set(config) - set(SPACE_KEYS) or \
-            not all(isinstance(v, int) and v >= 1 for v in config.values()):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a JSON object of {', '.join(SPACE_KEYS)} (whole numbers), "
+    if not isinstance(config, dict) or not config or set(config) - set(BLOCK_KEYS):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a JSON object of {', '.join(BLOCK_KEYS)} (whole numbers), "
                                          "e.g. '{\"BK\": 128}'")
+    for key, value in config.items():
+        if rule := block_value_rule(key, value):
+            raise argparse.ArgumentTypeError(f"{text!r}: {key} values are {rule}")
     return config
 
 
+def config_tag(config: dict | None) -> str:
+    """'_BK128_num_stages3' for {"BK": 128, "num_stages": 3} (file names: runs of one launch with other block sizes
+    side by side in one folder); '' for the shipped block sizes."""
+    return "".join(f"_{key}{value}" for key, value in sorted((config or {}).items()))
+
+
 def ncu_message(log: str, stderr: str) -> str:
-    """Why ncu profiled nothing, in one line: its last ==ERROR== line, else the program's last stderr line, else
-    ncu's last ==PROF== line."""
+    """Why ncu profiled nothing, in one line: its last ==ERROR== line, else its last ==WARNING== (e.g. no kernel
+    matched --kernel-name), else the program's last stderr line, else ncu's last ==PROF== line."""
     lines = log.splitlines()
     errors = [line for line in lines if line.startswith("==ERROR==")]
+    warnings = [line for line in lines if line.startswith("==WARNING==")]
     notes = [line for line in lines if line.startswith("==PROF==")]
-    return (errors or stderr.strip().splitlines() or notes or ["no kernel was profiled"])[-1]
+    return (errors or warnings or stderr.strip().splitlines() or notes or ["no kernel was profiled"])[-1]
 
 
 def profile(rows: int, kernels: int, out: Path, copy_tb_s: float, launch: str | None = None,
             config: dict | None = None) -> list[dict]:
     """One ncu run over the `rows`-row step, or `launch` alone -> its table (exits with ncu's message where
     nothing was profiled)."""
-    log = out / (f"ncu_launch_{launch}_T{rows}.csv" if launch else f"ncu_step_T{rows}.csv")
+    log = out / (f"ncu_launch_{launch}{config_tag(config)}_T{rows}.csv" if launch else f"ncu_step_T{rows}.csv")
     command = ncu_command(rows, kernels, log, launch, json.dumps(config) if config else None)
     done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "LC_ALL": "C"})  # "1,234.5", not "1.234,5"
     text = log.read_text() if log.exists() else ""
     kernels_seen = parse_raw_csv(text)
     if done.returncode != 0 or not kernels_seen:
-        sys.exit(f"ncu failed on the {rows}-row step (exit {done.returncode}): {ncu_message(text, done.stderr)}")
+        what = f"the {launch} launch at T = {rows}" if launch else f"the {rows}-row step"
+        sys.exit(f"ncu failed on {what} (exit {done.returncode}): {ncu_message(text, done.stderr)}")
     return launch_table(kernels_seen, copy_tb_s, rows)
 
 
@@ -246,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", default="1", type=row_counts,
                    help="row counts of the profiled steps, one ncu run each (default 1)")
     p.add_argument("--kernels", type=int, default=24,
-                   help="profile the first N kernels only (0: all; a step has ~170, each replayed once per pass)")
+                   help="profile the first N kernels only (0: all; a step has ~170, each replayed once per pass; "
+                   "not with --launch, which profiles its one kernel)")
     p.add_argument("--copy-tb-s", type=float, default=None,
                    help="the copy rate the DRAM rate is compared with (default: this GPU's as measured here: "
                    "H100 3.0, H200 4.3 TB/s)")
@@ -272,7 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     table = [entry for rows in args.rows
              for entry in profile(rows, args.kernels, out, copy_tb_s, args.launch, args.config)]
     print_table(table)
-    (out / (f"ncu_launch_{args.launch}.json" if args.launch else "ncu_step.json")).write_text(json.dumps(
+    name = f"ncu_launch_{args.launch}{config_tag(args.config)}.json" if args.launch else "ncu_step.json"
+    (out / name).write_text(json.dumps(
         {"gpu": gpu, "rows": args.rows, "context": None if args.launch else CONTEXT, "launch": args.launch,
          "config": args.config,
          "kernels_profiled": len(table), "sections": SECTIONS,

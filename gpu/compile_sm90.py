@@ -116,8 +116,9 @@ def describe(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict
     fit = "regs   ?"
     if regs:
         per_sm = programs_per_sm(regs, cfg["num_warps"], kernel.metadata.shared)
-        fit = (f"regs {regs:3d}  programs/SM {per_sm:2d}  "
-               f"waves at T = 1 {one_row_programs(shape, cfg) / (per_sm * SMS):5.2f}")
+        waves = f"waves at T = 1 {one_row_programs(shape, cfg) / (per_sm * SMS):5.2f}" if per_sm else \
+            "(does not fit an SM)"
+        fit = f"regs {regs:3d}  programs/SM {per_sm:2d}  {waves}"
     ptx = kernel.asm["ptx"]
     instruction = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync"
     ahead_part = (f"  L2 prefetch {ptx.count('cp.async.bulk.prefetch.L2'):2d}  "
@@ -125,6 +126,16 @@ def describe(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict
     copies = ptx.count("cp.async") - ptx.count("cp.async.bulk.prefetch")
     return (f"{height:3d} rows  {what:18s} {shape[0]:6d}x{shape[1]:<5d} {instruction:8s} "
             f"cp.async {copies:3d}  shared {kernel.metadata.shared / 1024:6.1f} KiB  {fit}{ahead_part}")
+
+
+def describe_or_why_not(height: int, shape: tuple[int, int], ahead: bool, cfg: dict) -> str:
+    """`describe`, or one line where Triton cannot build the launch with these block sizes (a sweep's result,
+    as `gpu_rows.time_launch` counts it, not a crash)."""
+    try:
+        return describe(height, shape, ahead, cfg)
+    except Exception as exc:  # Triton's CompilationError and out-of-resource errors alike
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        return f"{height:3d} rows  {LAUNCHES[shape]:18s} does not compile: {first[:100]}"
 
 
 def _option(argv: list[str], name: str, example: str) -> str | None:
@@ -180,7 +191,7 @@ def main(argv: list[str]) -> None:
         shape, grid = launch_space(shape_text or "8960x1536", space_text or "")
         for height in heights:
             for cfg in grid:
-                print(f"{describe(height, shape, ahead, cfg)}  {cfg}", flush=True)
+                print(f"{describe_or_why_not(height, shape, ahead, cfg)}  {cfg}", flush=True)
         return
     for height in heights:
         for shape in LAUNCHES:

@@ -38,7 +38,8 @@ def test_sweep_space_replaces_only_the_lists_it_names():
     assert sweep_space("num_stages=3,5 SPLIT_K=1,2") == {"num_stages": (3, 5), "SPLIT_K": (1, 2)}
     for bad, says in (("BK=", "whole numbers"), ("BK=x", "whole numbers"), ("stages=3", "KEY is one of"),
                       ("BK", "whole numbers"), ("BK=64 BK=128", "each once"), ("SPLIT_K=0", "powers of two"),
-                      ("BK=48", "powers of two"), ("BN=-16", "powers of two"), ("num_stages=0", ">= 1")):
+                      ("BK=48", "powers of two"), ("BN=-16", "powers of two"), ("num_stages=0", ">= 1"),
+                      ("BK=8", "powers of two from 16"), ("num_warps=64", "powers of two from 1 to 32")):
         with pytest.raises(argparse.ArgumentTypeError, match=says):
             sweep_space(bad)
 
@@ -112,6 +113,24 @@ def test_programs_per_sm_follow_registers_and_shared_memory():
     assert compile_sm90.programs_per_sm(158, 4, 44 * 1024) == 3
     assert compile_sm90.programs_per_sm(32, 4, 120 * 1024) == 1  # shared memory binds
     assert compile_sm90.programs_per_sm(16, 32, 0) == 2  # 64 warps an SM
+    assert compile_sm90.programs_per_sm(255, 4, 281 * 1024) == 0  # BN 128 x BK 256 gate/up: does not fit
     # programs of a one-row launch (fused._grid): gate/up's 8960 / 32 blocks; QKV's 16 heads x 2 pieces x split 4
     assert compile_sm90.one_row_programs((8960, 1536), {"BN": 32, "SPLIT_K": 1}) == 280
     assert compile_sm90.one_row_programs((2048, 1536), {"BN": 32, "SPLIT_K": 4}) == 128
+
+
+def test_a_block_size_triton_cannot_build_is_one_line_of_the_report(monkeypatch):
+    """--space over block sizes: a config that does not compile is a line of the report (as gpu_rows.py's sweep
+    counts it), not a traceback that ends the listing."""
+    sys.path.insert(0, str(ROOT / "gpu"))
+    try:
+        import compile_sm90
+    finally:
+        sys.path.pop(0)
+
+    def fails(*_args):
+        raise RuntimeError("out of resource: shared memory, Required: 287744\nHardware limit: 232448")
+
+    monkeypatch.setattr(compile_sm90, "describe", fails)
+    line = compile_sm90.describe_or_why_not(16, (8960, 1536), False, {"BN": 128})
+    assert line.endswith("does not compile: out of resource: shared memory, Required: 287744") and "\n" not in line

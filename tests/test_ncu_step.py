@@ -46,6 +46,8 @@ def test_output_without_a_header_is_no_kernel_and_ncus_own_line_says_why():
     assert ncu_step.ncu_message("==PROF== Disconnected\n", "Traceback...\nRuntimeError: no GPU\n") == \
         "RuntimeError: no GPU"  # the program's own failure under ncu
     assert ncu_step.ncu_message("==PROF== Disconnected\n", "") == "==PROF== Disconnected"
+    nothing = "==PROF== Disconnected\n==WARNING== No kernels were profiled.\n"  # --kernel-name matched nothing
+    assert ncu_step.ncu_message(nothing, "a triton warning\n") == "==WARNING== No kernels were profiled."
 
 
 def test_the_ncu_command_profiles_graph_nodes_of_the_bracketed_replay(tmp_path):
@@ -80,15 +82,22 @@ def test_one_launch_is_profiled_alone_with_its_source_and_a_report(tmp_path):
                  "--profile-from-start off", "--target --rows 1 --launch w13"):
         assert flag in text
     assert command[-2:] == ["--config", '{"BK": 128}'] and "--launch-count" not in text
+    assert "--force-overwrite" in command  # a rerun into the same folder replaces its report
 
 
 def test_a_launch_config_is_a_json_object_of_block_sizes(capsys):
     import argparse
 
     assert ncu_step.block_config('{"BK": 128, "num_stages": 3}') == {"BK": 128, "num_stages": 3}
-    for bad in ("BK=128", "[128]", "{}", '{"bk": 128}', '{"BK": 0}', '{"BK": "128"}'):
-        with pytest.raises(argparse.ArgumentTypeError, match="JSON object of BN"):
+    for bad, says in (("BK=128", "JSON object of BN"), ("[128]", "JSON object"), ("{}", "JSON object"),
+                      ('{"bk": 128}', "JSON object"), ('{"BK": 0}', "BK values are powers of two from 16"),
+                      ('{"BK": "128"}', "powers of two"), ('{"BK": true}', "powers of two"),
+                      ('{"BK": 48}', "powers of two"), ('{"num_warps": 64}', "powers of two from 1 to 32"),
+                      ('{"num_stages": 0}', "whole numbers >= 1")):
+        with pytest.raises(argparse.ArgumentTypeError, match=says):
             ncu_step.block_config(bad)
+    # runs of one launch with other block sizes keep their own files
+    assert ncu_step.config_tag({"num_stages": 3, "BK": 128}) == "_BK128_num_stages3" and ncu_step.config_tag(None) == ""
     with pytest.raises(SystemExit):
         ncu_step.main(["--config", '{"BK": 128}'])
     err = capsys.readouterr().err
