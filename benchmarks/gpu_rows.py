@@ -125,8 +125,9 @@ def sweep_launches(cfg, only_text: str, space: dict) -> tuple[str, ...]:
 
 
 def launch_of(cfg, name: str, n: int, k: int, opts: dict, rows: int):
-    """A callable(weight, config) that runs the fused launch of one weight shape at `rows` rows."""
-    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    """A callable(weight, config): the fused launch of one weight shape at `rows` rows and nothing else (its split-K
+    counters and caches made once, as a forward's; before 2026-12-06 05:05 UTC each call zeroed new ones)."""
+    counters, x = fused.new_counters("cuda"), torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     g = torch.ones(k, device="cuda", dtype=torch.bfloat16)
     res = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
     if name == "wqkv":
@@ -135,9 +136,10 @@ def launch_of(cfg, name: str, n: int, k: int, opts: dict, rows: int):
         pos = torch.arange(400, 400 + rows, device="cuda")
         cos, sin = torch.randn(slots, hd, device="cuda"), torch.randn(slots, hd, device="cuda")
         kc = torch.zeros(slots, cfg.num_kv_heads, hd, device="cuda", dtype=torch.bfloat16)
-        return lambda w, c: fused.qkv_rope(x, g, w, None, pos, cos, sin, kc, kc.clone(), dims, c)
+        vc = kc.clone()
+        return lambda w, c: fused.qkv_rope(x, g, w, None, pos, cos, sin, kc, vc, dims, c, counters=counters)
     kwargs = {"norm": g if opts.get("norm") else None, "residual": res if opts.get("residual") else None,
-              "swiglu": opts.get("swiglu", False)}
+              "swiglu": opts.get("swiglu", False), "counters": counters}
     return lambda w, c: fused.fused_linear(x, w, config=c, **kwargs)
 
 
