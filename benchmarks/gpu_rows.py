@@ -119,8 +119,8 @@ def sweep_launches(cfg, only_text: str, space: dict) -> tuple[str, ...]:
         raise UserError(f"--sweep-shapes: unknown launch(es) {unknown}; known: {', '.join(shapes(cfg))}")
     for name in only:
         if not shape_grid(cfg, name, space):
-            raise UserError(f"--sweep-space leaves {name} no block sizes (split-K over 4 is refused where RMSNorm "
-                            "comes first, a split must keep one BK step, QKV's BN is at most 64): widen it")
+            raise UserError(f"the block sizes asked for leave {name} none to try (split-K over 4 is refused where "
+                            "RMSNorm comes first, a split must keep one BK step, QKV's BN is at most 64): widen it")
     return only
 
 

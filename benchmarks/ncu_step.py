@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--copy-tb-s", type=float, default=None,
                    help="the copy rate the DRAM rate is compared with (default: this GPU's as measured here: "
                    "H100 3.0, H200 4.3 TB/s)")
-    p.add_argument("--launch", choices=("wqkv", "wo", "w13", "w2", "lm_head"),
+    p.add_argument("--launch", choices=tuple(shapes(SHAPES["qwen2.5-coder-1.5b"])),
                    help="profile this one GEMV launch instead of the step, with its source counters")
     p.add_argument("--config", type=block_config, help="with --launch: its block sizes, e.g. '{\"BK\": 128}'")
     p.add_argument("--target", action="store_true", help=argparse.SUPPRESS)  # the part ncu runs

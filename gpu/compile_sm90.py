@@ -156,7 +156,8 @@ def launch_space(shape_text: str, space_text: str) -> tuple[tuple[int, int], lis
     import argparse
 
     from benchmarks.gpu_decode import SHAPES
-    from benchmarks.gpu_rows import shape_grid, shapes, sweep_space
+    from benchmarks.gpu_rows import shape_grid, shapes, sweep_launches, sweep_space
+    from dfvg.errors import UserError
 
     cfg = SHAPES["qwen2.5-coder-1.5b"]
     shape = tuple(int(v) for v in shape_text.split("x")) if re.fullmatch(r"\d+x\d+", shape_text) else None
@@ -167,11 +168,11 @@ def launch_space(shape_text: str, space_text: str) -> tuple[tuple[int, int], lis
     except argparse.ArgumentTypeError as exc:
         sys.exit(f"error: --space {exc}")
     name = next(name for name, (n, k, _) in shapes(cfg).items() if (n, k) == shape)
-    grid = shape_grid(cfg, name, space)
-    if not grid:
-        sys.exit(f"error: --space {space_text!r} leaves the {LAUNCHES[shape]} launch no block sizes (gpu_rows.py's "
-                 "rules: split-K at most 4 after RMSNorm, one BK step per split, QKV's BN at most 64): widen it")
-    return shape, grid
+    try:
+        sweep_launches(cfg, name, space)  # gpu_rows.py's own refusal of a space that leaves the launch nothing
+    except UserError as exc:
+        sys.exit(f"error: {exc}")
+    return shape, shape_grid(cfg, name, space)
 
 
 def main(argv: list[str]) -> None:

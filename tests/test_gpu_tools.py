@@ -48,8 +48,8 @@ def test_sweep_space_replaces_only_the_lists_it_names():
     (["--sweep-space", "BK=64"], "go with --sweep"),
     (["--sweep-shapes", "w13"], "go with --sweep"),
     (["--sweep", "--sweep-shapes", "w9"], "unknown launch(es) ['w9']"),
-    (["--sweep", "--sweep-shapes", "w13", "--sweep-space", "SPLIT_K=8"], "leaves w13 no block sizes"),
-    (["--sweep", "--sweep-shapes", "wqkv", "--sweep-space", "BN=128"], "leaves wqkv no block sizes"),
+    (["--sweep", "--sweep-shapes", "w13", "--sweep-space", "SPLIT_K=8"], "leave w13 none to try"),
+    (["--sweep", "--sweep-shapes", "wqkv", "--sweep-space", "BN=128"], "leave wqkv none to try"),
     (["--sweep", "--sweep-space", "SPLIT_K=0"], "powers of two"),
 ])
 def test_gpu_rows_refuses_a_sweep_it_cannot_run_in_one_line_before_any_gpu_time(args, says, capsys):
@@ -95,7 +95,7 @@ def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
     assert space.returncode == 0, space.stderr[-2000:]
     assert len(space.stdout.splitlines()) == 3 * 2  # split-K 1, 2, 4 (an RMSNorm launch) x 2 stage counts
     for args, says in ((["--shape", "10x10"], "--shape is one of"), (["--space", "BK=x"], "--space"),
-                       (["--space", "SPLIT_K=8"], "--space 'SPLIT_K=8' leaves the norm + gate/up launch no block"),
+                       (["--space", "SPLIT_K=8"], "the block sizes asked for leave w13 none to try"),
                        (["--shape"], "--shape needs a value, e.g. --shape 8960x1536")):
         bad = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True, timeout=60)
         assert bad.returncode == 1 and bad.stderr.startswith(f"error: {says}"), bad.stderr

@@ -40,11 +40,11 @@ def block_value_rule(key: str, value) -> str | None:
     (benchmarks/gpu_rows.py --sweep-space, ncu_step.py --config): a value Triton cannot build or that no table
     would hold is refused in one line before a device is asked for. BN and BK: powers of two from 16 (the MMA
     tile) to 1024; split-K: powers of two to 64; warps: powers of two to 32 (1,024 threads); stages: >= 1."""
+    whole = isinstance(value, int) and not isinstance(value, bool)  # JSON's true is not a block size
     if key == "num_stages":
-        return None if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else "whole numbers >= 1"
+        return None if whole and value >= 1 else "whole numbers >= 1"
     low, high = (16, 1024) if key in ("BN", "BK") else (1, 32 if key == "num_warps" else 64)
-    ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high and not value & (value - 1)
-    return None if ok else f"powers of two from {low} to {high}"
+    return None if whole and low <= value <= high and not value & (value - 1) else f"powers of two from {low} to {high}"
 
 
 def tuned_rows() -> list[list]:
