@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import gpu_rows  # noqa: E402
 from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
-from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
+from benchmarks.gpu_report import copy_tb_s  # noqa: E402
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
 from dfvg.gpu import block_sizes  # noqa: E402
 from dfvg.gpu.graph_drafter import GraphDrafter, draft_graph  # noqa: E402
@@ -112,7 +112,7 @@ def measure(name: str, cfg: ModelConfig, rounds: int) -> list[dict]:
                 for mode in modes:
                     times[mode].append(cuda_median_ms(blocks[mode, k].graph.replay, 20))
             row = {"draft": name, "context": context_len, "k": k,
-                   "weight_floor_ms": k * weight_bytes / (COPY_TB_S * 1e9),
+                   "weight_floor_ms": k * weight_bytes / (copy_tb_s(torch.cuda.get_device_name()) * 1e9),
                    **{f"{mode}_ms": statistics.median(times[mode]) for mode in modes},
                    "same_drafts": bool(torch.equal(*drafts.values()))}
             row["shipped_over_split_k"] = row["shipped_ms"] / row["split_k_ms"]

@@ -32,7 +32,8 @@ def current_mode() -> dict:
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     """Code variants timed side by side: the module switches (PDL, shared K/V, the attention grid, the GEMVs'
     tile height) and a block-size table each. The first is the attention before the 2026-12-04 change; then
-    the shipped code, other tables, taller row tiles (32 or 64 rows, with the shipped table), and the GEMVs
+    the shipped code, other tables, taller row tiles (32 or 64 rows, with the shipped table and with each other
+    table: a table of SWAP_AB launches makes the rows the MMA's N side, where a taller tile costs little), and the GEMVs
     streaming ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
     shipped = current_mode()
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
@@ -42,6 +43,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     modes |= {f"shipped with the {name} block sizes": {**shipped, "table": name}
               for name in tables if name != "shipped"}
     modes |= {f"shipped with {rows}-row tiles": {**shipped, "tile_rows": rows} for rows in TALL_TILES}
+    modes |= {f"{name} block sizes with {rows}-row tiles": {**shipped, "table": name, "tile_rows": rows}
+              for name in tables if name != "shipped" for rows in TALL_TILES}
     ahead = {(0, True): "next launch triggered after the weight loop"}
     for columns in PREFETCHES:
         ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",

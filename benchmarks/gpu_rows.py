@@ -11,8 +11,7 @@ by CUDA events around replays (medians). What it measures:
 
 1. `--sweep`: each weight shape's launch alone (28 copies in one graph, so L2 never holds the matrix) over
    block sizes, at T = 1 and T = 5 (`--sweep-rows`); the best (sum over the row counts) goes into
-   `block_sizes.TUNED` for the rest of the run and into tuned.json (gpu_speed.py --tuned applies it to the real
-   pair);
+   `block_sizes.TUNED` for the rest of the run and into tuned.json (gpu_speed.py --tuned: the real pair);
 2. the whole target step at T = 1 .. 64 rows at 512, 2k, 8k and 32k tokens of context: ms, the ratio to
    T = 1 at the same context, and the bytes streamed (weights + the K/V cache read) per second;
 3. cuBLAS GEMMs of the same weight shapes for 1 / 5 / 16 / 64 rows in one graph (the physics beside it);
@@ -29,8 +28,7 @@ by CUDA events around replays (medians). What it measures:
    `decode_attention.EARLY_TRIGGER`; alone and together), timed in alternating rounds; whether every mode's
    logits equal the first mode's bit for bit; the faster block-size table on the whole step
    (fastest_tuned.json; among the modes with the shipped switches) is the one the rest of the run uses;
-6. `--profile`: device time per kernel name in a replayed step at T = 1, 16 and 64, contexts 512 and 32,704
-   (torch.profiler).
+6. `--profile`: device time per kernel name in a replayed step at T = 1, 16, 64, contexts 512, 32,704 (torch.profiler).
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_decode import SHAPES, graph_of, random_model, rotating  # noqa: E402
 from benchmarks.gpu_modes import TALL_TILES, fastest_table, launch_modes  # noqa: E402
-from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
+from benchmarks.gpu_report import copy_tb_s  # noqa: E402
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
 from dfvg.errors import OneLineParser, UserError  # noqa: E402
 from dfvg.gpu import block_sizes, fused  # noqa: E402
@@ -74,10 +72,10 @@ def sweep_grid(n: int, k: int, norm: bool, space: dict[str, tuple[int, ...]] | N
     bytes, which a many-row verify feels (benchmarks/RESULTS.md, 2026-12-04 17:48 UTC). `space` replaces any of
     the value lists (`sweep_space`), e.g. deeper pipelines of narrower K steps."""
     space = {"BN": (16, 32, 64, 128) if n >= 4096 else (16, 32, 64), "BK": (128, 256), "SPLIT_K": (1, 2, 4, 8),
-             "num_warps": (4, 8), "num_stages": (3, 4)} | (space or {})
-    return [{"BN": bn, "BK": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
-            for bn in space["BN"] for bk in space["BK"] for split in space["SPLIT_K"] for warps in space["num_warps"]
-            for stages in space["num_stages"]
+             "num_warps": (4, 8), "num_stages": (3, 4), "SWAP_AB": (0,)} | (space or {})
+    return [{"BN": bn, "BK": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": stages, "SWAP_AB": swap}
+            for swap in space["SWAP_AB"] for bn in space["BN"] for bk in space["BK"] for split in space["SPLIT_K"]
+            for warps in space["num_warps"] for stages in space["num_stages"]
             if (split == 1 or (-(-n // bn) * split <= 2400 and (split <= 4 or not norm))) and k // split >= bk]
 
 
@@ -323,7 +321,8 @@ def row_counts(text: str) -> tuple[int, ...]:
 
 
 def block_size_tables(args, cfg, only: tuple[str, ...], result: dict, out: Path) -> dict[str, list]:
-    """The tables the launch modes compare: shipped, --tuned's ("given"), the sweep's ("swept", in tuned.json)."""
+    """The tables the modes compare: shipped (with this GPU's rows, as the product runs), --tuned's, the sweep's."""
+    block_sizes.adopt_gpu_table(torch.cuda.get_device_name())
     tables = {"shipped": block_sizes.tuned_rows()}
     if args.tuned:
         block_sizes.apply_tuned(json.loads(Path(args.tuned).read_text()))
@@ -384,7 +383,8 @@ def main(argv=None) -> None:
         (out / "gpu_rows.json").write_text(json.dumps(result, indent=1))
         return
     result |= {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
-               "floor_ms": weight_bytes / (COPY_TB_S * 1e12) * 1e3, "invariance": invariance(gm),
+               "copy_tb_s": copy_tb_s(result["gpu"]),
+               "floor_ms": weight_bytes / (copy_tb_s(result["gpu"]) * 1e12) * 1e3, "invariance": invariance(gm),
                "invariance_tall_tiles": tall_tile_invariance(gm),
                "steps": step_times(gm, weight_bytes, kv_per_token), "cublas": cublas_times(cfg)}
     t1 = next(r for r in result["steps"] if r["T"] == 1 and r["context"] == CONTEXTS[0])

@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
-from benchmarks.gpu_report import COPY_TB_S  # noqa: E402
+from benchmarks.gpu_report import copy_tb_s  # noqa: E402
 from benchmarks.gpu_rows import launch_of, row_counts, shapes, step_graph  # noqa: E402
 from dfvg.errors import OneLineParser  # noqa: E402
 from dfvg.gpu.block_sizes import BLOCK_KEYS, block_value_rule  # noqa: E402
@@ -58,7 +58,6 @@ from dfvg.gpu.graphs import GraphModel  # noqa: E402
 
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "MemoryWorkloadAnalysis", "WarpStateStats")
 EXTRA_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")  # in no section's table: asked for by name
-COPY_TB_S_BY_GPU = {"H100": 3.0, "H200": COPY_TB_S}  # device-to-device copy, bytes read + written (KINDS.md)
 COLUMNS = {  # the table's columns: JSON key -> ncu metric (raw page, base units)
     "time_ns": "gpu__time_duration.sum",
     "dram_read_bytes": "dram__bytes_read.sum",
@@ -248,7 +247,7 @@ def profile(rows: int, kernels: int, out: Path, copy_tb_s: float, launch: str | 
 def default_copy_tb_s() -> tuple[float, str]:
     """This GPU's copy rate where this workplace measured one (else the H200's), and the GPU's name."""
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA GPU"
-    return next((rate for key, rate in COPY_TB_S_BY_GPU.items() if key in name), COPY_TB_S_BY_GPU["H200"]), name
+    return copy_tb_s(name), name
 
 
 def main(argv: list[str] | None = None) -> None:

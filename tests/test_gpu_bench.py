@@ -250,6 +250,7 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     assert modes["shipped with the swept block sizes"]["table"] == "swept"
     assert [modes[f"shipped with {rows}-row tiles"] for rows in (32, 64)] == [
         {**shipped, "tile_rows": 32}, {**shipped, "tile_rows": 64}]
+    assert modes["swept block sizes with 32-row tiles"] == {**shipped, "table": "swept", "tile_rows": 32}
     try:
         gpu_modes._set_mode(before, tables)
         assert decode_attention.SPLIT_PROGRAMS_PER_SM is None and not decode_attention.SHARE_KV

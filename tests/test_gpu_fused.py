@@ -147,9 +147,41 @@ def test_block_sizes_depend_on_the_weight_shape_only():
         block_sizes.TUNED.update(before)
 
 
-def invariance_failures(device: str, max_rows: int, splits=(1, 3)) -> list[str]:
+def test_a_gpus_own_table_replaces_the_shipped_rows_on_that_gpu_only():
+    """block_sizes.GPU_TABLES: on an H100 its rows replace the H200's; on an H200 (no table of its own) nothing
+    changes; a sweep's or --tuned row (apply_tuned) outranks a GPU's; every row is one a launch can build."""
+    from dfvg.gpu import block_sizes
+
+    saved = dict(block_sizes.TUNED), set(block_sizes._GIVEN), set(block_sizes._ADOPTED)
+    given = {"BN": 32, "BK": 128, "SPLIT_K": 8, "num_warps": 4, "num_stages": 3}
+    try:
+        block_sizes._GIVEN.clear()
+        block_sizes._ADOPTED.clear()
+        block_sizes.adopt_gpu_table("NVIDIA H200")
+        assert block_sizes.TUNED == saved[0]
+        block_sizes.apply_tuned([[1536, 8960, given]])
+        block_sizes.adopt_gpu_table("NVIDIA H100 80GB HBM3")
+        h100 = block_sizes.GPU_TABLES["H100"]
+        assert block_sizes.linear_config(8960, 1536) == h100[(8960, 1536)] != saved[0][(8960, 1536)]
+        assert block_sizes.linear_config(1536, 8960) == given
+        assert block_sizes.linear_config(151936, 1536) == saved[0][(151936, 1536)]  # no H100 row: the shipped
+        for rows in block_sizes.GPU_TABLES.values():
+            for config in rows.values():
+                assert set(config) <= set(block_sizes.BLOCK_KEYS)
+                assert all(block_sizes.block_value_rule(key, value) is None for key, value in config.items())
+    finally:
+        block_sizes.TUNED.clear()
+        block_sizes.TUNED.update(saved[0])
+        block_sizes._GIVEN.clear()
+        block_sizes._GIVEN.update(saved[1])
+        block_sizes._ADOPTED.clear()
+        block_sizes._ADOPTED.update(saved[2])
+
+
+def invariance_failures(device: str, max_rows: int, splits=(1, 3), swap: bool = False) -> list[str]:
     """Rows of T-row launches that differ in any bit from the same row computed alone (T = 1): fused_linear
-    (RMSNorm + SwiGLU, residual, split-K or not) and attention, on random inputs."""
+    (RMSNorm + SwiGLU, residual, split-K or not) and attention, on random inputs. swap: the GEMVs with
+    SWAP_AB and 64 weight rows per program (a wgmma on sm_90)."""
     from dfvg.gpu import fused
     from dfvg.gpu.decode_attention import attention
 
@@ -161,7 +193,8 @@ def invariance_failures(device: str, max_rows: int, splits=(1, 3)) -> list[str]:
     res = torch.randn(max_rows, n).to(device, torch.bfloat16)
     failures = []
     for split in splits:
-        cfg = {"BN": 16, "BK": 64, "SPLIT_K": split, "num_warps": 4, "num_stages": 2}
+        cfg = {"BN": 64 if swap else 16, "BK": 64, "SPLIT_K": split, "num_warps": 4, "num_stages": 2,
+               "SWAP_AB": int(swap)}
         alone = torch.cat([fused.fused_linear(x[i:i + 1], w, norm=g, swiglu=True, config=cfg)
                            for i in range(max_rows)])
         alone_res = torch.cat([fused.fused_linear(x[i:i + 1], w[:n], residual=res[i:i + 1], bias=g[:n],
@@ -224,12 +257,41 @@ def tall_tile_failures(rows: int, device: str = "cpu", max_rows: int = 20) -> li
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("height", [16, 32, 64])
-def test_rows_are_bit_identical_to_one_row_steps_on_gpu(height):
+@pytest.mark.parametrize("height,swap", [(16, False), (32, False), (64, False), (16, True)])
+def test_rows_are_bit_identical_to_one_row_steps_on_gpu(height, swap):
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
     with tile_rows(height):
-        assert invariance_failures("cuda", 64, splits=(1, 2, 3, 8)) == []
+        assert invariance_failures("cuda", 64, splits=(1, 2, 3, 8), swap=swap) == []
+
+
+@contextlib.contextmanager
+def swapped_blocks(block_n: int = 64):
+    """Every fused launch with SWAP_AB (weight rows as the MMA's M side) and `block_n` weight rows per program."""
+    from dfvg.gpu import fused
+
+    shipped = fused.linear_config
+    fused.linear_config = lambda n, k: {**shipped(n, k), "BN": block_n, "SWAP_AB": 1}
+    try:
+        yield
+    finally:
+        fused.linear_config = shipped
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
+def test_swapped_mma_rows_are_right_and_bit_identical_under_triton_interpreter():
+    """SWAP_AB computes W x^T and hands back its transpose: a layer (QKV + RoPE too) against the compiled block,
+    and rows 1..20 against one-row launches. A transpose left out or done twice fails both (wrong shape or
+    columns where rows belong)."""
+    failures, out_err, k_err = interpreted("t.swapped_checks()")[-3:]
+    assert failures == 0 and out_err < 2e-2 and k_err < 2e-2, (failures, out_err, k_err)
+
+
+def swapped_checks() -> list[float]:
+    """[rows that differ from their one-row launch, a layer's output error, its K's error], every launch swapped."""
+    with swapped_blocks():
+        return [len(invariance_failures("cpu", 20, swap=True)),
+                *layer_errors(small_model(32, "cpu"), 3, 70, cache_len=160)]
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")

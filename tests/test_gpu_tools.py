@@ -36,10 +36,14 @@ def test_sweep_space_replaces_only_the_lists_it_names():
     assert all(8960 // c["SPLIT_K"] >= c["BK"] for c in grid)
     assert max(c["SPLIT_K"] for c in sweep_grid(8960, 1536, norm=True, space=space)) <= 4
     assert sweep_space("num_stages=3,5 SPLIT_K=1,2") == {"num_stages": (3, 5), "SPLIT_K": (1, 2)}
+    assert {c["SWAP_AB"] for c in grid} == {0}  # the MMA as shipped unless the space names SWAP_AB
+    both = sweep_grid(1536, 8960, norm=False, space=sweep_space("SWAP_AB=0,1"))
+    assert len(both) == 2 * len(sweep_grid(1536, 8960, norm=False)) and {c["SWAP_AB"] for c in both} == {0, 1}
     for bad, says in (("BK=", "whole numbers"), ("BK=x", "whole numbers"), ("stages=3", "KEY is one of"),
                       ("BK", "whole numbers"), ("BK=64 BK=128", "each once"), ("SPLIT_K=0", "powers of two"),
                       ("BK=48", "powers of two"), ("BN=-16", "powers of two"), ("num_stages=0", ">= 1"),
-                      ("BK=8", "powers of two from 16"), ("num_warps=64", "powers of two from 1 to 32")):
+                      ("BK=8", "powers of two from 16"), ("num_warps=64", "powers of two from 1 to 32"),
+                      ("SWAP_AB=2", "0 or 1")):
         with pytest.raises(argparse.ArgumentTypeError, match=says):
             sweep_space(bad)
 
@@ -94,6 +98,12 @@ def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
                             "BN=32 BK=128 num_warps=4 num_stages=2,3"], capture_output=True, text=True, timeout=600)
     assert space.returncode == 0, space.stderr[-2000:]
     assert len(space.stdout.splitlines()) == 3 * 2  # split-K 1, 2, 4 (an RMSNorm launch) x 2 stage counts
+    swapped = subprocess.run([sys.executable, str(tool), "--shape", "8960x1536", "--space",
+                              "BN=64 BK=128 SPLIT_K=1 num_warps=8 num_stages=3 SWAP_AB=0,1"],
+                             capture_output=True, text=True, timeout=600)
+    assert swapped.returncode == 0, swapped.stderr[-2000:]
+    # weights as the MMA's M side (SWAP_AB) is a wgmma from shared memory; the 16-row tile as M is an mma.sync
+    assert ["wgmma" in line for line in swapped.stdout.splitlines()] == [False, True], swapped.stdout
     for args, says in ((["--shape", "10x10"], "--shape is one of"), (["--space", "BK=x"], "--space"),
                        (["--space", "SPLIT_K=8"], "the block sizes asked for leave w13 none to try"),
                        (["--shape"], "--shape needs a value, e.g. --shape 8960x1536")):
@@ -134,3 +144,12 @@ def test_a_block_size_triton_cannot_build_is_one_line_of_the_report(monkeypatch)
     monkeypatch.setattr(compile_sm90, "describe", fails)
     line = compile_sm90.describe_or_why_not(16, (8960, 1536), False, {"BN": 128})
     assert line.endswith("does not compile: out of resource: shared memory, Required: 287744") and "\n" not in line
+
+
+def test_the_floor_is_taken_at_the_copy_rate_of_the_gpu_that_ran():
+    """An H100 run's fraction of the weight-stream floor is against the H100's 3.0 TB/s copy rate, not the
+    H200's 4.3 (which made an H100 step look like 38 % of a floor it cannot reach)."""
+    from benchmarks.gpu_report import copy_tb_s
+
+    assert copy_tb_s("NVIDIA H100 80GB HBM3") == 3.0 and copy_tb_s("NVIDIA H200") == 4.3
+    assert copy_tb_s("NVIDIA A100-SXM4-80GB") == 4.3  # not measured here: the H200's, as before

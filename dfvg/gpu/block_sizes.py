@@ -32,15 +32,37 @@ TUNED: dict[tuple[int, int], dict] = {
 }
 
 
-BLOCK_KEYS = ("BN", "BK", "SPLIT_K", "num_warps", "num_stages")  # a table entry's keys
+# A table entry's keys. SWAP_AB (0 or 1; absent means 0): the MMA takes weight rows as its M side
+# (`gemv_stream._stream`), a wgmma from shared memory on sm_90 where BN >= 64.
+# Rows measured on another GPU, which replace TUNED's on that GPU (`adopt_gpu_table`, by a part of the device's
+# name). The H100: every launch but the LM head with SWAP_AB (weights as the wgmma's M side), swept on an H100 80GB
+# HBM3 for T = 1, 5, 17 and 64 rows together (benchmarks/gpu_rows.py --sweep, 2026-12-06 06:40-07:00 UTC,
+# benchmarks/h100_2026-12-06c): against TUNED on the same card, in alternating rounds, the step took 0.986x at
+# T = 1, 0.985x at T = 5 and 0.86x at T = 33 and 64 (context 512), every row bit-identical to its one-row step.
+# Not yet timed on an H200, whose own sweep chose TUNED.
+GPU_TABLES: dict[str, dict[tuple[int, int], dict]] = {
+    "H100": {
+        (2048, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 3, "SWAP_AB": 1},
+        (1536, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3, "SWAP_AB": 1},
+        (8960, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3, "SWAP_AB": 1},
+        (1536, 8960): {"BN": 64, "BK": 64, "SPLIT_K": 4, "num_warps": 4, "num_stages": 6, "SWAP_AB": 1},
+    },
+}
+_GIVEN: set[tuple[int, int]] = set()  # shapes `apply_tuned` set (a sweep, --tuned): a GPU's table leaves them
+_ADOPTED: set[str] = set()  # GPU names whose table is in TUNED
+
+BLOCK_KEYS = ("BN", "BK", "SPLIT_K", "num_warps", "num_stages", "SWAP_AB")
 
 
 def block_value_rule(key: str, value) -> str | None:
     """Why `value` cannot be a launch's `key` (None when it can), for the tools that take block sizes from a user
     (benchmarks/gpu_rows.py --sweep-space, ncu_step.py --config): a value Triton cannot build or that no table
     would hold is refused in one line before a device is asked for. BN and BK: powers of two from 16 (the MMA
-    tile) to 1024; split-K: powers of two to 64; warps: powers of two to 32 (1,024 threads); stages: >= 1."""
+    tile) to 1024; split-K: powers of two to 64; warps: powers of two to 32 (1,024 threads); stages: >= 1;
+    SWAP_AB: 0 or 1."""
     whole = isinstance(value, int) and not isinstance(value, bool)  # JSON's true is not a block size
+    if key == "SWAP_AB":
+        return None if whole and value in (0, 1) else "0 or 1"
     if key == "num_stages":
         return None if whole and value >= 1 else "whole numbers >= 1"
     low, high = (16, 1024) if key in ("BN", "BK") else (1, 32 if key == "num_warps" else 64)
@@ -53,9 +75,23 @@ def tuned_rows() -> list[list]:
 
 
 def apply_tuned(rows: list[list]) -> None:
-    """Put rows of `tuned_rows` (e.g. a sweep made on this machine) into `TUNED`."""
+    """Put rows of `tuned_rows` (e.g. a sweep made on this machine) into `TUNED`; they outrank a GPU's table."""
     for n, k, config in rows:
         TUNED[(n, k)] = config
+        _GIVEN.add((n, k))
+
+
+def adopt_gpu_table(gpu_name: str) -> None:
+    """Once per GPU name: the rows of `GPU_TABLES` measured on this GPU (matched by a part of its name) into
+    `TUNED`, except the shapes a sweep or a --tuned file gave. Why per GPU: the best blocks differ between cards
+    of one architecture (an H100 gains from the swapped MMA where the H200's table predates it), and a table is
+    keyed by weight shape only, never by T, so a verify row still computes what a one-row step computes."""
+    if gpu_name in _ADOPTED:
+        return
+    _ADOPTED.add(gpu_name)
+    for family, rows in GPU_TABLES.items():
+        if family in gpu_name:
+            TUNED.update({shape: config for shape, config in rows.items() if shape not in _GIVEN})
 
 
 def linear_config(n: int, k: int) -> dict:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dfvg.gpu.block_sizes import linear_config
+from dfvg.gpu.block_sizes import adopt_gpu_table, linear_config
 from dfvg.gpu.decode_attention import INTERPRETED, attention, early_trigger_on, pdl_on
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.gpu.tree_rows import TreeRows
@@ -93,8 +93,8 @@ if HAVE_TRITON:
     def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
                        K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-                       TRIGGER: tl.constexpr, THREADS: tl.constexpr):
+                       BK: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
+                       PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
         block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         n0 = block * BN
@@ -102,12 +102,12 @@ if HAVE_TRITON:
         _prefetch_weights(w_ptr, n0, N + n0, n_rows, K, split * k_len, k_len, t0, SWIGLU, BN, THREADS, PREFETCH)
         _after_previous_launch(PDL)
         acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0, split * k_len, k_len, K,
-                              eps, NORM, SWIGLU, F32, BT, BN, BK)
+                              eps, NORM, SWIGLU, F32, BT, BN, BK, SWAP_AB)
         _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
-            acc, acc_up, last = _reduce_splits(acc, acc_up, part_ptr, count_ptr, tile, split, SWIGLU, SPLIT_K, BT,
-                                               BN)
+            acc, acc_up, last = _reduce_splits(acc, acc_up, part_ptr, count_ptr, tile, split, rows - t0, SWIGLU,
+                                               SPLIT_K, BT, BN)
         _linear_out(acc, acc_up, t0, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES, BT, BN)
 
     @triton.jit
@@ -155,7 +155,8 @@ if HAVE_TRITON:
                          part_ptr, count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr,
                          KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
                          BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
-                         PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr):
+                         SWAP_AB: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr,
+                         THREADS: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
         position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
@@ -169,18 +170,25 @@ if HAVE_TRITON:
                           True, BN, THREADS, PREFETCH)
         _after_previous_launch(PDL)
         acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
-                                 rows, t0, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK)
+                                 rows, t0, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK, SWAP_AB)
         _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
-            acc_lo, acc_hi, last = _reduce_splits(acc_lo, acc_hi, part_ptr, count_ptr, tile, split, True, SPLIT_K,
-                                                  BT, BN)
+            acc_lo, acc_hi, last = _reduce_splits(acc_lo, acc_hi, part_ptr, count_ptr, tile, split, rows - t0, True,
+                                                  SPLIT_K, BT, BN)
         _rope_out(acc_lo, acc_hi, t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
                   rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _config(n: int, k: int, device: torch.device, config: dict | None) -> dict:
+    """Block sizes of a launch on weight shape (n, k): `config` over the table of this GPU (`block_sizes`)."""
+    if device.type == "cuda":
+        adopt_gpu_table(torch.cuda.get_device_name(device))
+    return {**linear_config(n, k), **(config or {})}
 
 
 def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool) -> dict:
@@ -193,7 +201,8 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool) -> dict:
     can_prefetch = (pdl and weight.data_ptr() % 16 == 0 and weight.shape[1] % 8 == 0
                     and (2 if pair else 1) * cfg["BN"] <= threads)
     return {"BT": TILE_ROWS, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
-            "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl,
+            "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
+            "PDL": pdl, "launch_pdl": pdl,
             "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "TRIGGER": early_trigger_on(x.device),
             "THREADS": threads}
 
@@ -228,7 +237,7 @@ def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias:
     One launch; T <= MAX_ROWS; x's rows must be contiguous."""
     rows, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
-    cfg = {**linear_config(n, k), **(config or {})}
+    cfg = _config(n, k, x.device, config)
     blocks = triton.cdiv(n, cfg["BN"])
     k_len, parts, counters = _split_buffers(cfg, blocks, rows, k, x.device, counters)
     out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
@@ -247,7 +256,7 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
     returns q [T, H*hd]."""
     heads, kv_heads, hd, _, eps = dims
     rows, k = x.shape
-    cfg = {**linear_config(weight.shape[0], k), **(config or {})}
+    cfg = _config(weight.shape[0], k, x.device, config)
     cfg["BN"] = min(cfg["BN"], hd // 2)
     blocks = (heads + 2 * kv_heads) * (hd // 2 // cfg["BN"])
     k_len, parts, counters = _split_buffers(cfg, blocks, rows, k, x.device, counters)

@@ -99,49 +99,66 @@ if HAVE_TRITON:
     @triton.jit
     def _stream(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K: tl.constexpr, eps,
                 NORM: tl.constexpr, PAIR: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr):
+                BK: tl.constexpr, SWAP_AB: tl.constexpr):
         """Rows t0.. of A times weight rows row0..row0+BN (and row1.. with PAIR) over columns k_lo..k_lo+k_len
-        -> float32 [BT, BN] x2; with NORM, A is RMSNorm(x) * g, rounded as `dfvg.model.RMSNorm` rounds."""
+        -> float32 [BT, BN] x2; with NORM, A is RMSNorm(x) * g, rounded as `dfvg.model.RMSNorm` rounds.
+
+        SWAP_AB (a launch's block-size entry, `dfvg.gpu.block_sizes`): the MMA computes W x^T, weight rows as its
+        M side and the BT rows as N, instead of x W^T. Why: on sm_90 an MMA whose M is >= 64 (BN >= 64) can be a
+        wgmma that reads the weight tile from shared memory where cp.async put it, while x W^T, whose M is the
+        16-row tile, is an mma.sync that first copies each weight tile into registers (the gate/up launch: 250
+        registers, 2 programs per SM). Either way each row's sum runs over k in the same order for every T."""
         rstd = tl.full((BT,), 1.0, tl.float32)
         if NORM:
             rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, 512)
-        acc0 = tl.zeros((BT, BN), tl.float32)
-        acc1 = tl.zeros((BT, BN), tl.float32)
+        acc0 = tl.zeros((BN, BT) if SWAP_AB else (BT, BN), tl.float32)
+        acc1 = tl.zeros((BN, BT) if SWAP_AB else (BT, BN), tl.float32)
         for k0 in range(k_lo, tl.minimum(k_lo + k_len, K), BK):
             g = tl.full((1, BK), 1.0, tl.float32)
             if NORM:
                 k = k0 + tl.arange(0, BK)
                 g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
-            w0 = tl.trans(_w_tile(w_ptr, row0, n_rows, K, k0, BN, BK))
+            w0 = _w_tile(w_ptr, row0, n_rows, K, k0, BN, BK)
             w1 = w0
             if PAIR:
-                w1 = tl.trans(_w_tile(w_ptr, row1, n_rows, K, k0, BN, BK))
+                w1 = _w_tile(w_ptr, row1, n_rows, K, k0, BN, BK)
             a = _a_tile(x_ptr, x_stride, rows, t0, K, k0, rstd, g, NORM, BT, BK)
-            acc0 += _dot(a, w0, F32)
-            if PAIR:
-                acc1 += _dot(a, w1, F32)
-        return acc0, acc1
+            if SWAP_AB:
+                acc0 += _dot(w0, tl.trans(a), F32)
+                if PAIR:
+                    acc1 += _dot(w1, tl.trans(a), F32)
+            else:
+                acc0 += _dot(a, tl.trans(w0), F32)
+                if PAIR:
+                    acc1 += _dot(a, tl.trans(w1), F32)
+        if SWAP_AB:
+            out0, out1 = tl.trans(acc0), tl.trans(acc1)
+        else:
+            out0, out1 = acc0, acc1
+        return out0, out1
 
     @triton.jit
-    def _reduce_splits(acc0, acc1, part_ptr, count_ptr, tile, split, PAIR: tl.constexpr, SPLIT_K: tl.constexpr,
-                       BT: tl.constexpr, BN: tl.constexpr):
+    def _reduce_splits(acc0, acc1, part_ptr, count_ptr, tile, split, live_rows, PAIR: tl.constexpr,
+                       SPLIT_K: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
         """Split-K in a fixed order: each split stores its partial sums, and the program that finishes last
         adds splits 0, 1, ... in that order (so the sum does not depend on which finished first) and resets
-        the tile's counter for the next launch. Returns (sum0, sum1, is_last)."""
+        the tile's counter for the next launch. Returns (sum0, sum1, is_last). Only the tile's first live_rows
+        rows travel (a one-row step's tile is 15 rows of padding; their sums are never stored)."""
         slot = part_ptr + tile * (SPLIT_K * 2 * BT * BN)
         offs = tl.arange(0, BT)[:, None] * BN + tl.arange(0, BN)[None, :]
-        tl.store(slot + split * (2 * BT * BN) + offs, acc0)
+        live = (tl.arange(0, BT) < live_rows)[:, None]
+        tl.store(slot + split * (2 * BT * BN) + offs, acc0, mask=live)
         if PAIR:
-            tl.store(slot + split * (2 * BT * BN) + BT * BN + offs, acc1)
+            tl.store(slot + split * (2 * BT * BN) + BT * BN + offs, acc1, mask=live)
         tl.debug_barrier()
         last = tl.atomic_add(count_ptr + tile, 1) == SPLIT_K - 1
         sum0 = tl.zeros((BT, BN), tl.float32)
         sum1 = tl.zeros((BT, BN), tl.float32)
         for s in tl.static_range(SPLIT_K):
             at = slot + s * (2 * BT * BN) + offs
-            sum0 += tl.load(at, mask=last, other=0.0, cache_modifier=".cg")
+            sum0 += tl.load(at, mask=live & last, other=0.0, cache_modifier=".cg")
             if PAIR:
-                sum1 += tl.load(at + BT * BN, mask=last, other=0.0, cache_modifier=".cg")
+                sum1 += tl.load(at + BT * BN, mask=live & last, other=0.0, cache_modifier=".cg")
         tl.atomic_xchg(count_ptr + tile, 0, mask=last)
         return sum0, sum1, last
 
