@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--rounds {args.rounds}: give at least 1")
     if not torch.cuda.is_available():
         sys.exit("draft_block.py needs a CUDA GPU (this machine has none)")
+    block_sizes.adopt_gpu_table(torch.cuda.get_device_name())  # this GPU's rows before any copy of the table
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
               "provenance": "measured", "rows": []}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -26,14 +26,15 @@ def current_mode() -> dict:
     """The module switches as they are now (as shipped, outside `launch_modes`), with the shipped table."""
     return {"pdl": decode_attention.PDL, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
             "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS,
-            "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER}
+            "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER, "stack": fused.STACKED_PAIR}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     """Code variants timed side by side: the module switches (PDL, shared K/V, the attention grid, the GEMVs'
     tile height) and a block-size table each. The first is the attention before the 2026-12-04 change; then
     the shipped code, other tables, taller row tiles (32 or 64 rows, with the shipped table and with each other
-    table: a table of SWAP_AB launches makes the rows the MMA's N side, where a taller tile costs little), and the GEMVs
+    table: with SWAP_AB the rows are the MMA's N side, though taller tiles measured slower there too), each table
+    with `fused.STACKED_PAIR` flipped (a swapped pair's two blocks as one MMA operand), and the GEMVs
     streaming ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
     shipped = current_mode()
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
@@ -45,6 +46,9 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     modes |= {f"shipped with {rows}-row tiles": {**shipped, "tile_rows": rows} for rows in TALL_TILES}
     modes |= {f"{name} block sizes with {rows}-row tiles": {**shipped, "table": name, "tile_rows": rows}
               for name in tables if name != "shipped" for rows in TALL_TILES}
+    stacked = "unstacked" if shipped["stack"] else "stacked"  # `fused.STACKED_PAIR` flipped, for SWAP_AB launches
+    modes |= {f"{name} block sizes, swapped pairs {stacked}": {**shipped, "table": name, "stack": not shipped["stack"]}
+              for name in tables}
     ahead = {(0, True): "next launch triggered after the weight loop"}
     for columns in PREFETCHES:
         ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",
@@ -57,10 +61,11 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
 def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     fused.TILE_ROWS = mode["tile_rows"]
     fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER = mode["prefetch"], mode["trigger"]
+    fused.STACKED_PAIR = mode["stack"]
     decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
     decode_attention.SPLIT_PROGRAMS_PER_SM = mode["split_programs"]
-    block_sizes.TUNED.clear()
-    block_sizes.apply_tuned(tables[mode["table"]])
+    block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's
+    block_sizes.TUNED.update({(n, k): config for n, k, config in tables[mode["table"]]})
 
 
 def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None = None, rounds: int = 5) -> list[dict]:

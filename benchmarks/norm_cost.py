@@ -14,6 +14,7 @@ Random bf16 weights of the Qwen2.5-Coder-1.5B target's shapes. Needs a CUDA GPU.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -45,6 +46,8 @@ def norm_costs(rows: tuple[int, ...] = ROWS) -> list[dict]:
         for t in rows:
             with_norm = time_launch(launch_of(cfg, name, n, k, opts, t), weights, config)
             without = time_launch(launch_of(cfg, name, n, k, {**opts, "norm": False}, t), weights, config)
+            if with_norm is None or without is None:  # time_launch printed why Triton could not build it
+                sys.exit(f"error: the {name} launch does not build with {config} on this GPU: give another --tuned")
             out.append({"launch": name, "config": config, "T": t, "us_with_norm": with_norm,
                         "us_without_norm": without, "norm_share": 1 - without / with_norm})
             print(f"  {name:8s} T={t:2d}: {with_norm:6.1f} us with RMSNorm, {without:6.1f} without "
@@ -53,20 +56,31 @@ def norm_costs(rows: tuple[int, ...] = ROWS) -> list[dict]:
     return out
 
 
-def main(argv=None) -> None:
+def tuned_file(path: str) -> list[list]:
+    """--tuned's rows ([N, K, config] each, as gpu_rows.py --sweep writes them); a bad file is one line."""
+    try:
+        rows = json.loads(Path(path).read_text())
+        if not all(len(row) == 3 and isinstance(row[2], dict) for row in rows):
+            raise ValueError("not [N, K, config] rows")
+        return rows
+    except (OSError, ValueError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(f"{path}: not a sweep's tuned.json ({exc})") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Time the norm launches with and without their RMSNorm at this GPU's table (or --tuned's); norm_cost.json."""
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=".")
-    p.add_argument("--tuned", help="tuned.json of a sweep (gpu_rows.py --sweep) to time instead of the shipped table")
+    p.add_argument("--tuned", type=tuned_file,
+                   help="tuned.json of a sweep (gpu_rows.py --sweep) to time instead of the shipped table")
     args = p.parse_args(argv)
-    if args.tuned and not Path(args.tuned).is_file():
-        p.error(f"--tuned {args.tuned}: no such file (a sweep's tuned.json)")
     if not torch.cuda.is_available():
         sys.exit("norm_cost.py needs a CUDA GPU (this machine has none)")
     block_sizes.adopt_gpu_table(torch.cuda.get_device_name())  # the product's table on this GPU
     if args.tuned:
-        block_sizes.apply_tuned(json.loads(Path(args.tuned).read_text()))
+        block_sizes.apply_tuned(args.tuned)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
-              "provenance": "measured", "table": args.tuned or "shipped", "launches": norm_costs()}
+              "provenance": "measured", "table": block_sizes.tuned_rows(), "launches": norm_costs()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "norm_cost.json").write_text(json.dumps(result, indent=1))

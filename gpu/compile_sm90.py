@@ -65,7 +65,7 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
     decode_attention.EARLY_TRIGGER)."""
     cfg, what = cfg or TUNED[shape], LAUNCHES[shape]
     common = {"K": shape[1], "F32": False, "BT": height, "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
-              "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "PDL": True,
+              "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": fused.STACKED_PAIR, "PDL": True,
               "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead, "THREADS": 32 * cfg["num_warps"]}
     if what.startswith("qkv"):
         consts = {**common, "HEADS": 12, "KV_HEADS": 2, "HD": 128, "HAS_BIAS": True, "BN": min(cfg["BN"], 64)}

@@ -71,3 +71,16 @@ def _one_thread():
     """Tiny models run fastest single-threaded; on a busy 2-core box extra threads spin and cost 50x."""
     if os.environ.get("DFVG_SLOW") != "1":
         torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _block_size_tables_restored():
+    """Every test leaves `dfvg.gpu.block_sizes` as it found it: a table a test applies (a sweep's, a benchmark
+    mode's) or a GPU's rows that a launch adopted would otherwise change the launches of every later test."""
+    from dfvg.gpu import block_sizes
+
+    saved = dict(block_sizes.TUNED), set(block_sizes._GIVEN), set(block_sizes._ADOPTED)
+    yield
+    for live, kept in zip((block_sizes.TUNED, block_sizes._GIVEN, block_sizes._ADOPTED), saved, strict=True):
+        live.clear()
+        live.update(kept)

@@ -241,7 +241,8 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     assert before["share_kv"] is False and before["split_programs"] is None
     shipped = {"pdl": True, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
                "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS,
-               "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER}
+               "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER,
+               "stack": fused.STACKED_PAIR}
     assert sum(mode == shipped for mode in modes.values()) == 1
     ahead = [(mode["prefetch"], mode["trigger"]) for name, mode in modes.items() if "prefetch" in name or
              "trigger" in name]  # the GEMVs streaming ahead: each switch, then both, beside the shipped pair
@@ -251,6 +252,8 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     assert [modes[f"shipped with {rows}-row tiles"] for rows in (32, 64)] == [
         {**shipped, "tile_rows": 32}, {**shipped, "tile_rows": 64}]
     assert modes["swept block sizes with 32-row tiles"] == {**shipped, "table": "swept", "tile_rows": 32}
+    flipped = "unstacked" if shipped["stack"] else "stacked"
+    assert modes[f"shipped block sizes, swapped pairs {flipped}"] == {**shipped, "stack": not shipped["stack"]}
     try:
         gpu_modes._set_mode(before, tables)
         assert decode_attention.SPLIT_PROGRAMS_PER_SM is None and not decode_attention.SHARE_KV
@@ -258,11 +261,14 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
         assert block_sizes.linear_config(1536, 1536)["BN"] == 64
         gpu_modes._set_mode(modes["shipped with 64-row tiles"], tables)
         assert fused.TILE_ROWS == 64
+        gpu_modes._set_mode(modes[f"swept block sizes, swapped pairs {flipped}"], tables)
+        assert fused.STACKED_PAIR != shipped["stack"] and block_sizes.linear_config(1536, 1536)["BN"] == 64
         gpu_modes._set_mode(modes["shipped, 512-column prefetch and early trigger"], tables)
         assert fused.PREFETCH_COLUMNS == 512 and decode_attention.EARLY_TRIGGER
     finally:
         gpu_modes._set_mode(shipped, tables)
     assert decode_attention.SHARE_KV and block_sizes.tuned_rows() == tables["shipped"] and fused.TILE_ROWS == 16
+    assert fused.STACKED_PAIR == shipped["stack"]
     assert (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER) == (shipped["prefetch"], shipped["trigger"])
     # the fastest table is chosen among the modes with the shipped switches only (a table is tuned for one tile
     # height; a faster switch, e.g. the weight prefetch, must not make the shipped table win)

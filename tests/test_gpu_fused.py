@@ -152,30 +152,25 @@ def test_a_gpus_own_table_replaces_the_shipped_rows_on_that_gpu_only():
     changes; a sweep's or --tuned row (apply_tuned) outranks a GPU's; every row is one a launch can build."""
     from dfvg.gpu import block_sizes
 
-    saved = dict(block_sizes.TUNED), set(block_sizes._GIVEN), set(block_sizes._ADOPTED)
     given = {"BN": 32, "BK": 128, "SPLIT_K": 8, "num_warps": 4, "num_stages": 3}
-    try:
-        block_sizes._GIVEN.clear()
-        block_sizes._ADOPTED.clear()
-        block_sizes.adopt_gpu_table("NVIDIA H200")
-        assert block_sizes.TUNED == saved[0]
-        block_sizes.apply_tuned([[1536, 8960, given]])
-        block_sizes.adopt_gpu_table("NVIDIA H100 80GB HBM3")
-        h100 = block_sizes.GPU_TABLES["H100"]
-        assert block_sizes.linear_config(8960, 1536) == h100[(8960, 1536)] != saved[0][(8960, 1536)]
-        assert block_sizes.linear_config(1536, 8960) == given
-        assert block_sizes.linear_config(151936, 1536) == saved[0][(151936, 1536)]  # no H100 row: the shipped
-        for rows in block_sizes.GPU_TABLES.values():
-            for config in rows.values():
-                assert set(config) <= set(block_sizes.BLOCK_KEYS)
-                assert all(block_sizes.block_value_rule(key, value) is None for key, value in config.items())
-    finally:
-        block_sizes.TUNED.clear()
-        block_sizes.TUNED.update(saved[0])
-        block_sizes._GIVEN.clear()
-        block_sizes._GIVEN.update(saved[1])
-        block_sizes._ADOPTED.clear()
-        block_sizes._ADOPTED.update(saved[2])
+    block_sizes._GIVEN.clear()  # (conftest restores the tables after the test)
+    block_sizes._ADOPTED.clear()
+    shipped = dict(block_sizes.TUNED)
+    block_sizes.adopt_gpu_table("NVIDIA H200")
+    assert block_sizes.TUNED == shipped
+    block_sizes.apply_tuned([[1536, 8960, given]])
+    block_sizes.adopt_gpu_table("NVIDIA H100 80GB HBM3")
+    h100 = block_sizes.GPU_TABLES["H100"]
+    assert block_sizes.linear_config(8960, 1536) == h100[(8960, 1536)] != shipped[(8960, 1536)]
+    assert block_sizes.linear_config(1536, 8960) == given
+    assert block_sizes.linear_config(151936, 1536) == shipped[(151936, 1536)]  # no H100 row: the shipped one
+    block_sizes.TUNED[(8960, 1536)] = given  # adopted once per GPU name: a second call changes nothing
+    block_sizes.adopt_gpu_table("NVIDIA H100 80GB HBM3")
+    assert block_sizes.linear_config(8960, 1536) == given
+    for rows in block_sizes.GPU_TABLES.values():
+        for config in rows.values():
+            assert set(config) <= set(block_sizes.BLOCK_KEYS)
+            assert all(block_sizes.block_value_rule(key, value) is None for key, value in config.items())
 
 
 def invariance_failures(device: str, max_rows: int, splits=(1, 3), swap: bool = False) -> list[str]:
@@ -238,16 +233,22 @@ def attention_programs(wanted: int | None, programs: int | None = None):
 
 
 @contextlib.contextmanager
-def tile_rows(rows: int):
-    """The fused GEMVs use row tiles of `rows` rows (16 as shipped; benchmarks time 32 and 64)."""
+def fused_switch(name: str, value):
+    """`dfvg.gpu.fused.<name>` set to `value` inside the block, then restored: TILE_ROWS (row tiles of 16 as
+    shipped; benchmarks time 32 and 64), STACKED_PAIR (a swapped pair's two weight blocks as one MMA operand),
+    linear_config (the block sizes every launch takes)."""
     from dfvg.gpu import fused
 
-    shipped = fused.TILE_ROWS
-    fused.TILE_ROWS = rows
+    shipped = getattr(fused, name)
+    setattr(fused, name, value)
     try:
         yield
     finally:
-        fused.TILE_ROWS = shipped
+        setattr(fused, name, shipped)
+
+
+def tile_rows(rows: int):
+    return fused_switch("TILE_ROWS", rows)
 
 
 def tall_tile_failures(rows: int, device: str = "cpu", max_rows: int = 20) -> list[str]:
@@ -257,39 +258,36 @@ def tall_tile_failures(rows: int, device: str = "cpu", max_rows: int = 20) -> li
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("height,swap", [(16, False), (32, False), (64, False), (16, True)])
-def test_rows_are_bit_identical_to_one_row_steps_on_gpu(height, swap):
+@pytest.mark.parametrize("height,swap,stack", [(16, False, False), (32, False, False), (64, False, False),
+                                               (16, True, False), (16, True, True)])
+def test_rows_are_bit_identical_to_one_row_steps_on_gpu(height, swap, stack):
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
-    with tile_rows(height):
+    with tile_rows(height), fused_switch("STACKED_PAIR", stack):
         assert invariance_failures("cuda", 64, splits=(1, 2, 3, 8), swap=swap) == []
 
 
-@contextlib.contextmanager
 def swapped_blocks(block_n: int = 64):
     """Every fused launch with SWAP_AB (weight rows as the MMA's M side) and `block_n` weight rows per program."""
-    from dfvg.gpu import fused
+    from dfvg.gpu.block_sizes import linear_config
 
-    shipped = fused.linear_config
-    fused.linear_config = lambda n, k: {**shipped(n, k), "BN": block_n, "SWAP_AB": 1}
-    try:
-        yield
-    finally:
-        fused.linear_config = shipped
+    return fused_switch("linear_config", lambda n, k: {**linear_config(n, k), "BN": block_n, "SWAP_AB": 1})
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
-def test_swapped_mma_rows_are_right_and_bit_identical_under_triton_interpreter():
-    """SWAP_AB computes W x^T and hands back its transpose: a layer (QKV + RoPE too) against the compiled block,
-    and rows 1..20 against one-row launches. A transpose left out or done twice fails both (wrong shape or
-    columns where rows belong)."""
-    failures, out_err, k_err = interpreted("t.swapped_checks()")[-3:]
+@pytest.mark.parametrize("stack", [False, True])
+def test_swapped_mma_rows_are_right_and_bit_identical_under_triton_interpreter(stack):
+    """SWAP_AB computes W x^T and hands back its transpose (with `stack`, of the pair's two blocks stacked into
+    one operand and split again): a layer (QKV + RoPE too) against the compiled block, and rows 1..20 against
+    one-row launches. A transpose left out or done twice, or the pair's halves swapped, fails (wrong shape, or
+    columns where rows belong, or gate where up belongs)."""
+    failures, out_err, k_err = interpreted(f"t.swapped_checks({stack})")[-3:]
     assert failures == 0 and out_err < 2e-2 and k_err < 2e-2, (failures, out_err, k_err)
 
 
-def swapped_checks() -> list[float]:
+def swapped_checks(stack: bool = False) -> list[float]:
     """[rows that differ from their one-row launch, a layer's output error, its K's error], every launch swapped."""
-    with swapped_blocks():
+    with swapped_blocks(), fused_switch("STACKED_PAIR", stack):
         return [len(invariance_failures("cpu", 20, swap=True)),
                 *layer_errors(small_model(32, "cpu"), 3, 70, cache_len=160)]
 

@@ -153,3 +153,18 @@ def test_the_floor_is_taken_at_the_copy_rate_of_the_gpu_that_ran():
 
     assert copy_tb_s("NVIDIA H100 80GB HBM3") == 3.0 and copy_tb_s("NVIDIA H200") == 4.3
     assert copy_tb_s("NVIDIA A100-SXM4-80GB") == 4.3  # not measured here: the H200's, as before
+
+
+@pytest.mark.parametrize("text, says", [("nope.json", "No such file"), ('{"a": 1}', "not [N, K, config] rows"),
+                                        ("[[1, 2]]", "not [N, K, config] rows"), ("{", "Expecting")])
+def test_norm_cost_refuses_a_tuned_file_that_is_not_a_sweeps_in_one_line(text, says, tmp_path, capsys):
+    """benchmarks/norm_cost.py --tuned: a missing or malformed table is one line before any GPU time."""
+    from benchmarks import norm_cost
+
+    path = tmp_path / "tuned.json"
+    if text != "nope.json":
+        path.write_text(text)
+    with pytest.raises(SystemExit) as exited:
+        norm_cost.main(["--tuned", str(path if text != "nope.json" else tmp_path / text)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err

@@ -38,7 +38,8 @@ TUNED: dict[tuple[int, int], dict] = {
 # name). The H100: every launch but the LM head with SWAP_AB (weights as the wgmma's M side), swept on an H100 80GB
 # HBM3 for T = 1, 5, 17 and 64 rows together (benchmarks/gpu_rows.py --sweep, 2026-12-06 06:40-07:00 UTC,
 # benchmarks/h100_2026-12-06c): against TUNED on the same card, in alternating rounds, the step took 0.986x at
-# T = 1, 0.985x at T = 5 and 0.86x at T = 33 and 64 (context 512), every row bit-identical to its one-row step.
+# T = 1, 0.985x at T = 5, 0.87x at T = 33 and 0.86x at T = 64 (context 512), every row bit-identical to its one-row
+# step.
 # Not yet timed on an H200, whose own sweep chose TUNED.
 GPU_TABLES: dict[str, dict[tuple[int, int], dict]] = {
     "H100": {

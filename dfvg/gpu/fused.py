@@ -39,6 +39,8 @@ two >= 16, GQA groups over 16 heads, more than `MAX_ROWS` rows, machines without
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -63,6 +65,10 @@ MAX_ROWS = 64  # new tokens per launch: MAX_ROWS / TILE_ROWS row tiles
 # 2026-12-04 (14:55-15:22 UTC)"; here each thread asks for its own piece.) Off until a lease times it:
 # benchmarks/gpu_modes.py runs it beside the shipped step (gpu_rows.py's launch modes).
 PREFETCH_COLUMNS = 0
+# With a SWAP_AB table entry (`block_sizes`), a pair's two weight blocks (gate and up; the two halves of a RoPE head)
+# are one stacked operand of one MMA per K step instead of two MMAs, each waited for (`gemv_stream._stream`).
+# Off until a lease times it: benchmarks/gpu_modes.py runs it beside the shipped step.
+STACKED_PAIR = False
 
 if HAVE_TRITON:
     import triton
@@ -93,8 +99,8 @@ if HAVE_TRITON:
     def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
                        K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
-                       PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr):
+                       BK: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr,
+                       PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
         block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         n0 = block * BN
@@ -102,7 +108,7 @@ if HAVE_TRITON:
         _prefetch_weights(w_ptr, n0, N + n0, n_rows, K, split * k_len, k_len, t0, SWIGLU, BN, THREADS, PREFETCH)
         _after_previous_launch(PDL)
         acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0, split * k_len, k_len, K,
-                              eps, NORM, SWIGLU, F32, BT, BN, BK, SWAP_AB)
+                              eps, NORM, SWIGLU, F32, BT, BN, BK, SWAP_AB, STACK)
         _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
@@ -155,8 +161,8 @@ if HAVE_TRITON:
                          part_ptr, count_ptr, rows, K: tl.constexpr, k_len, eps, HEADS: tl.constexpr,
                          KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
                          BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
-                         SWAP_AB: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr,
-                         THREADS: tl.constexpr):
+                         SWAP_AB: tl.constexpr, STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+                         TRIGGER: tl.constexpr, THREADS: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
         position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
@@ -170,7 +176,8 @@ if HAVE_TRITON:
                           True, BN, THREADS, PREFETCH)
         _after_previous_launch(PDL)
         acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
-                                 rows, t0, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK, SWAP_AB)
+                                 rows, t0, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK, SWAP_AB,
+                                 STACK)
         _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
@@ -184,10 +191,15 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@functools.cache
+def _gpu_name(index: int | None) -> str:
+    return torch.cuda.get_device_name(index)
+
+
 def _config(n: int, k: int, device: torch.device, config: dict | None) -> dict:
     """Block sizes of a launch on weight shape (n, k): `config` over the table of this GPU (`block_sizes`)."""
     if device.type == "cuda":
-        adopt_gpu_table(torch.cuda.get_device_name(device))
+        adopt_gpu_table(_gpu_name(device.index))
     return {**linear_config(n, k), **(config or {})}
 
 
@@ -201,8 +213,8 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool) -> dict:
     can_prefetch = (pdl and weight.data_ptr() % 16 == 0 and weight.shape[1] % 8 == 0
                     and (2 if pair else 1) * cfg["BN"] <= threads)
     return {"BT": TILE_ROWS, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
-            "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
-            "PDL": pdl, "launch_pdl": pdl,
+            "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": STACKED_PAIR, "num_warps": cfg["num_warps"],
+            "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl,
             "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "TRIGGER": early_trigger_on(x.device),
             "THREADS": threads}
 

@@ -34,6 +34,28 @@ if HAVE_TRITON:
                        other=0.0, eviction_policy="evict_first")
 
     @triton.jit
+    def _stacked_tile(w_ptr, row0, row1, n_rows, K, k0, PAIR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """Weight rows row0..row0+BN, then (with PAIR) row1..row1+BN, as one [2 BN, BK] tile ([BN, BK] without)."""
+        GROUPS: tl.constexpr = 2 if PAIR else 1
+        r = tl.arange(0, GROUPS * BN)
+        n = tl.where(r < BN, row0 + r, row1 + r - BN)
+        k = k0 + tl.arange(0, BK)
+        return tl.load(w_ptr + n[:, None] * K + k[None, :], mask=(n[:, None] < n_rows) & (k[None, :] < K),
+                       other=0.0, eviction_policy="evict_first")
+
+    @triton.jit
+    def _unstack(acc, PAIR: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
+        """[2 BN, BT] sums of a stacked pair (`_stacked_tile`) -> its two blocks' [BT, BN] (the first twice
+        without PAIR, as `_stream` returns)."""
+        if PAIR:
+            first, second = tl.split(tl.permute(tl.reshape(acc, (2, BN, BT)), (1, 2, 0)))
+            out0, out1 = tl.trans(first), tl.trans(second)
+        else:
+            out0 = tl.trans(acc)
+            out1 = out0
+        return out0, out1
+
+    @triton.jit
     def _weight_pieces(row0, row1, n_rows, K: tl.constexpr, k_lo, k_len, PAIR: tl.constexpr, BN: tl.constexpr,
                        THREADS: tl.constexpr):
         """A program's weight rows (row0.. and, with PAIR, row1..; BN each) over columns k_lo..k_lo+k_len, in
@@ -99,7 +121,7 @@ if HAVE_TRITON:
     @triton.jit
     def _stream(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K: tl.constexpr, eps,
                 NORM: tl.constexpr, PAIR: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, SWAP_AB: tl.constexpr):
+                BK: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr):
         """Rows t0.. of A times weight rows row0..row0+BN (and row1.. with PAIR) over columns k_lo..k_lo+k_len
         -> float32 [BT, BN] x2; with NORM, A is RMSNorm(x) * g, rounded as `dfvg.model.RMSNorm` rounds.
 
@@ -107,7 +129,12 @@ if HAVE_TRITON:
         M side and the BT rows as N, instead of x W^T. Why: on sm_90 an MMA whose M is >= 64 (BN >= 64) can be a
         wgmma that reads the weight tile from shared memory where cp.async put it, while x W^T, whose M is the
         16-row tile, is an mma.sync that first copies each weight tile into registers (the gate/up launch: 250
-        registers, 2 programs per SM). Either way each row's sum runs over k in the same order for every T."""
+        registers, 2 programs per SM). Either way each row's sum runs over k in the same order for every T.
+        STACK (with SWAP_AB, `fused.STACKED_PAIR`): a pair's two weight blocks are one [2 BN, BK] operand of one MMA,
+        so each K step waits for one group of wgmmas, not two, and 8 warps split it by weight rows."""
+        if SWAP_AB and STACK:
+            return _stream_stacked(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K, eps,
+                                   NORM, PAIR, F32, BT, BN, BK)
         rstd = tl.full((BT,), 1.0, tl.float32)
         if NORM:
             rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, 512)
@@ -136,6 +163,26 @@ if HAVE_TRITON:
         else:
             out0, out1 = acc0, acc1
         return out0, out1
+
+    @triton.jit
+    def _stream_stacked(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K: tl.constexpr,
+                        eps, NORM: tl.constexpr, PAIR: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr):
+        """`_stream` with SWAP_AB and STACK: W x^T with the pair's blocks stacked into one MMA operand."""
+        GROUPS: tl.constexpr = 2 if PAIR else 1
+        rstd = tl.full((BT,), 1.0, tl.float32)
+        if NORM:
+            rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, 512)
+        acc = tl.zeros((GROUPS * BN, BT), tl.float32)
+        for k0 in range(k_lo, tl.minimum(k_lo + k_len, K), BK):
+            g = tl.full((1, BK), 1.0, tl.float32)
+            if NORM:
+                k = k0 + tl.arange(0, BK)
+                g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+            w = _stacked_tile(w_ptr, row0, row1, n_rows, K, k0, PAIR, BN, BK)
+            a = _a_tile(x_ptr, x_stride, rows, t0, K, k0, rstd, g, NORM, BT, BK)
+            acc += _dot(w, tl.trans(a), F32)
+        return _unstack(acc, PAIR, BT, BN)
 
     @triton.jit
     def _reduce_splits(acc0, acc1, part_ptr, count_ptr, tile, split, live_rows, PAIR: tl.constexpr,
