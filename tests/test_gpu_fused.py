@@ -173,6 +173,22 @@ def test_a_gpus_own_table_replaces_the_shipped_rows_on_that_gpu_only():
             assert all(block_sizes.block_value_rule(key, value) is None for key, value in config.items())
 
 
+def test_a_cuda_launch_adopts_its_gpus_table_once(monkeypatch):
+    """fused._config on a CUDA device puts that GPU's rows (block_sizes.GPU_TABLES, found by the device's name)
+    under the launch, a caller's config over them; on a CPU it asks for no GPU name (conftest restores the
+    tables after the test)."""
+    from dfvg.gpu import block_sizes, fused
+
+    asked = []
+    monkeypatch.setattr(fused, "_gpu_name", lambda index: asked.append(index) or "NVIDIA H100 80GB HBM3")
+    block_sizes._ADOPTED.clear()
+    block_sizes._GIVEN.clear()
+    assert fused._config(8960, 1536, torch.device("cpu"), None) == block_sizes.TUNED[(8960, 1536)]
+    assert asked == []  # no GPU, no GPU table
+    got = fused._config(8960, 1536, torch.device("cuda", 0), {"num_stages": 4})
+    assert got == {**block_sizes.GPU_TABLES["H100"][(8960, 1536)], "num_stages": 4} and asked == [0]
+
+
 def invariance_failures(device: str, max_rows: int, splits=(1, 3), swap: bool = False) -> list[str]:
     """Rows of T-row launches that differ in any bit from the same row computed alone (T = 1): fused_linear
     (RMSNorm + SwiGLU, residual, split-K or not) and attention, on random inputs. swap: the GEMVs with
@@ -188,8 +204,8 @@ def invariance_failures(device: str, max_rows: int, splits=(1, 3), swap: bool = 
     res = torch.randn(max_rows, n).to(device, torch.bfloat16)
     failures = []
     for split in splits:
-        cfg = {"BN": 64 if swap else 16, "BK": 64, "SPLIT_K": split, "num_warps": 4, "num_stages": 2,
-               "SWAP_AB": int(swap)}
+        cfg = {"BN": 64, "BK": 128, "SPLIT_K": split, "num_warps": 8, "num_stages": 3, "SWAP_AB": 1} if swap else \
+            {"BN": 16, "BK": 64, "SPLIT_K": split, "num_warps": 4, "num_stages": 2}  # swapped: as the H100 table
         alone = torch.cat([fused.fused_linear(x[i:i + 1], w, norm=g, swiglu=True, config=cfg)
                            for i in range(max_rows)])
         alone_res = torch.cat([fused.fused_linear(x[i:i + 1], w[:n], residual=res[i:i + 1], bias=g[:n],
