@@ -34,8 +34,9 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     tile height) and a block-size table each. The first is the attention before the 2026-12-04 change; then
     the shipped code, other tables, taller row tiles (32 or 64 rows, with the shipped table and with each other
     table: with SWAP_AB the rows are the MMA's N side, though taller tiles measured slower there too), each table
-    with `fused.STACKED_PAIR` flipped (a swapped pair's two blocks as one MMA operand), and the GEMVs
-    streaming ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
+    with a SWAP_AB entry with `fused.STACKED_PAIR` flipped (a swapped pair's two blocks as one MMA operand), and
+    the GEMVs streaming ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each,
+    and together)."""
     shipped = current_mode()
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
                                                                       "split_programs": None},
@@ -48,7 +49,7 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
               for name in tables if name != "shipped" for rows in TALL_TILES}
     stacked = "unstacked" if shipped["stack"] else "stacked"  # `fused.STACKED_PAIR` flipped, for SWAP_AB launches
     modes |= {f"{name} block sizes, swapped pairs {stacked}": {**shipped, "table": name, "stack": not shipped["stack"]}
-              for name in tables}
+              for name, rows in tables.items() if any(config.get("SWAP_AB") for _n, _k, config in rows)}
     ahead = {(0, True): "next launch triggered after the weight loop"}
     for columns in PREFETCHES:
         ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",

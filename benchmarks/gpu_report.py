@@ -189,7 +189,7 @@ def goals(runs: dict, meta: dict) -> dict:
     out = {}
     plain, hf = runs.get("dfvg_plain"), runs.get("hf_eager")
     weights = next((m["weight_bytes"]["target"] for m in meta.values() if "weight_bytes" in m), None)
-    gpu = next((m["gpu"] for m in meta.values() if m.get("gpu")), "")
+    gpu = next((name for m in meta.values() if (name := (m.get("env") or {}).get("gpu"))), "")  # gpu_speed's env
     if plain and weights:
         ms = decode_ms_per_token(plain)
         floor_ms = weights / (copy_tb_s(gpu) * 1e12) * 1e3

@@ -53,6 +53,7 @@ from benchmarks.gpu_decode import SHAPES, random_model  # noqa: E402
 from benchmarks.gpu_report import copy_tb_s  # noqa: E402
 from benchmarks.gpu_rows import launch_of, row_counts, shapes, step_graph  # noqa: E402
 from dfvg.errors import OneLineParser  # noqa: E402
+from dfvg.gpu import block_sizes  # noqa: E402
 from dfvg.gpu.block_sizes import BLOCK_KEYS, block_value_rule  # noqa: E402
 from dfvg.gpu.graphs import GraphModel  # noqa: E402
 
@@ -197,6 +198,14 @@ def profiled_launch(rows: int, launch: str, config: dict | None) -> None:
     torch.cuda.profiler.stop()
 
 
+def launch_config(launch: str, config: dict | None) -> dict:
+    """The block sizes the profiled launch runs: `config` over this GPU's table (`block_sizes.adopt_gpu_table`), so
+    a partial --config is recorded with the values it took from the table."""
+    block_sizes.adopt_gpu_table(torch.cuda.get_device_name())
+    n, k, _ = shapes(SHAPES["qwen2.5-coder-1.5b"])[launch]
+    return {**block_sizes.linear_config(n, k), **(config or {})}
+
+
 def block_config(text: str) -> dict:
     """--config: a JSON object of block sizes (keys of a block-size table), e.g. '{"BK": 128}'."""
     try:
@@ -286,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     name = f"ncu_launch_{args.launch}{config_tag(args.config)}.json" if args.launch else "ncu_step.json"
     (out / name).write_text(json.dumps(
         {"gpu": gpu, "rows": args.rows, "context": None if args.launch else CONTEXT, "launch": args.launch,
-         "config": args.config,
+         "config": args.config, "config_used": launch_config(args.launch, args.config) if args.launch else None,
          "kernels_profiled": len(table), "sections": SECTIONS,
          "copy_tb_s": copy_tb_s, "launches": table,
          "provenance": "measured (Nsight Compute, each kernel alone, serialized)"}, indent=1))

@@ -47,7 +47,8 @@ def norm_costs(rows: tuple[int, ...] = ROWS) -> list[dict]:
             with_norm = time_launch(launch_of(cfg, name, n, k, opts, t), weights, config)
             without = time_launch(launch_of(cfg, name, n, k, {**opts, "norm": False}, t), weights, config)
             if with_norm is None or without is None:  # time_launch printed why Triton could not build it
-                sys.exit(f"error: the {name} launch does not build with {config} on this GPU: give another --tuned")
+                sys.exit(f"error: the {name} launch does not build with {config} on this GPU (the line above says "
+                         "why): time a table whose rows build, --tuned tuned.json of a gpu_rows.py sweep")
             out.append({"launch": name, "config": config, "T": t, "us_with_norm": with_norm,
                         "us_without_norm": without, "norm_share": 1 - without / with_norm})
             print(f"  {name:8s} T={t:2d}: {with_norm:6.1f} us with RMSNorm, {without:6.1f} without "
@@ -60,8 +61,10 @@ def tuned_file(path: str) -> list[list]:
     """--tuned's rows ([N, K, config] each, as gpu_rows.py --sweep writes them); a bad file is one line."""
     try:
         rows = json.loads(Path(path).read_text())
-        if not all(len(row) == 3 and isinstance(row[2], dict) for row in rows):
-            raise ValueError("not [N, K, config] rows")
+        whole = [isinstance(row, list) and len(row) == 3 and all(isinstance(v, int) for v in row[:2])
+                 and isinstance(row[2], dict) and set(block_sizes.BLOCK_KEYS[:5]) <= set(row[2]) for row in rows]
+        if not rows or not all(whole):
+            raise ValueError("not [N, K, config] rows with BN, BK, SPLIT_K, num_warps and num_stages")
         return rows
     except (OSError, ValueError, TypeError) as exc:
         raise argparse.ArgumentTypeError(f"{path}: not a sweep's tuned.json ({exc})") from None

@@ -40,6 +40,12 @@ def test_report_ratios_and_goals(tmp_path):
     assert goals["spec_over_hf_assist_best"] == pytest.approx(20.0) and goals["goal_spec_1.5x_hf_assist_met"]
     assert goals["goal_plain_25x_hf_met"] is False  # 400 / 20 = 20x
     assert (tmp_path / "gpu_speed.json").is_file()
+    assert goals["copy_rate_TB_s"] == 4.3  # no GPU named: the H200's rate
+    # a run on an H100 (gpu_speed.py writes the GPU's name under "env") is held to the H100's copy rate
+    (tmp_path / "dfvg.json").write_text(json.dumps({"dfvg_plain": plain, "env": {"gpu": "NVIDIA H100 80GB HBM3"},
+                                                    "weight_bytes": {"target": 3_000_000_000, "draft": 1}}))
+    h100 = report(tmp_path)["goals"]
+    assert h100["copy_rate_TB_s"] == 3.0 and h100["fraction_of_floor"] == pytest.approx(3e9 / 3.0e12 * 1e3)
 
 
 def test_a_peer_quoted_on_held_out_prompts_is_compared_on_those_prompts(tmp_path):
@@ -235,7 +241,8 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     from dfvg.gpu import block_sizes, decode_attention, fused
 
     tables = {"shipped": block_sizes.tuned_rows(), "swept": [[1536, 1536, {"BN": 64, "BK": 64, "SPLIT_K": 1,
-                                                                        "num_warps": 4, "num_stages": 2}]]}
+                                                                        "num_warps": 4, "num_stages": 2,
+                                                                        "SWAP_AB": 1}]]}
     modes = gpu_modes.modes_of(tables)
     before = next(iter(modes.values()))
     assert before["share_kv"] is False and before["split_programs"] is None
@@ -252,8 +259,10 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     assert [modes[f"shipped with {rows}-row tiles"] for rows in (32, 64)] == [
         {**shipped, "tile_rows": 32}, {**shipped, "tile_rows": 64}]
     assert modes["swept block sizes with 32-row tiles"] == {**shipped, "table": "swept", "tile_rows": 32}
-    flipped = "unstacked" if shipped["stack"] else "stacked"
-    assert modes[f"shipped block sizes, swapped pairs {flipped}"] == {**shipped, "stack": not shipped["stack"]}
+    flipped = "unstacked" if shipped["stack"] else "stacked"  # only where a table has SWAP_AB launches
+    assert modes[f"swept block sizes, swapped pairs {flipped}"] == {**shipped, "table": "swept",
+                                                                     "stack": not shipped["stack"]}
+    assert f"shipped block sizes, swapped pairs {flipped}" not in modes  # the H200's table: nothing to stack
     try:
         gpu_modes._set_mode(before, tables)
         assert decode_attention.SPLIT_PROGRAMS_PER_SM is None and not decode_attention.SHARE_KV

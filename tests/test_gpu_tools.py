@@ -156,7 +156,9 @@ def test_the_floor_is_taken_at_the_copy_rate_of_the_gpu_that_ran():
 
 
 @pytest.mark.parametrize("text, says", [("nope.json", "No such file"), ('{"a": 1}', "not [N, K, config] rows"),
-                                        ("[[1, 2]]", "not [N, K, config] rows"), ("{", "Expecting")])
+                                        ("[[1, 2]]", "not [N, K, config] rows"), ("{", "Expecting"),
+                                        ("[]", "not [N, K, config] rows"),
+                                        ('[[8960, 1536, {"BK": 128}]]', "with BN, BK, SPLIT_K")])
 def test_norm_cost_refuses_a_tuned_file_that_is_not_a_sweeps_in_one_line(text, says, tmp_path, capsys):
     """benchmarks/norm_cost.py --tuned: a missing or malformed table is one line before any GPU time."""
     from benchmarks import norm_cost

@@ -45,8 +45,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _unstack(acc, PAIR: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
-        """[2 BN, BT] sums of a stacked pair (`_stacked_tile`) -> its two blocks' [BT, BN] (the first twice
-        without PAIR, as `_stream` returns)."""
+        """[2 BN, BT] sums of a stacked pair (`_stacked_tile`) -> its two blocks' [BT, BN]; without PAIR, [BN, BT]
+        -> the block's [BT, BN], twice (the second output is unused then)."""
         if PAIR:
             first, second = tl.split(tl.permute(tl.reshape(acc, (2, BN, BT)), (1, 2, 0)))
             out0, out1 = tl.trans(first), tl.trans(second)
