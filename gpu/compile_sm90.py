@@ -14,6 +14,7 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
                                                  # (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER)
     python gpu/compile_sm90.py --shape 8960x1536 --space "BK=128,256 num_warps=4,8"
                                                  # one launch over block sizes (gpu_rows.py --sweep-space's words)
+    python gpu/compile_sm90.py --gpu H100 16      # the table an H100 runs (block_sizes.GPU_TABLES), not the H200's
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfvg.gpu import fused  # noqa: E402
-from dfvg.gpu.block_sizes import TUNED  # noqa: E402
+from dfvg.gpu.block_sizes import GPU_TABLES, TUNED, adopt_gpu_table  # noqa: E402
 from dfvg.gpu.kernels import HAVE_TRITON  # noqa: E402
 
 LINEAR = {"x_ptr": "*bf16", "x_stride": "i32", "g_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16",
@@ -183,6 +184,11 @@ def main(argv: list[str]) -> None:
     ahead = "--stream-ahead" in argv
     argv = [a for a in argv if a != "--stream-ahead"]
     shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
+    gpu = _option(argv, "--gpu", "H100")
+    if gpu is not None:
+        if gpu not in GPU_TABLES:
+            sys.exit(f"error: --gpu is one of {', '.join(GPU_TABLES)} (the GPUs with a table of their own), got {gpu}")
+        adopt_gpu_table(gpu)
     try:
         heights = [int(a) for a in argv] or [16]
     except ValueError:

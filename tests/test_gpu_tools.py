@@ -104,9 +104,15 @@ def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
     assert swapped.returncode == 0, swapped.stderr[-2000:]
     # weights as the MMA's M side (SWAP_AB) is a wgmma from shared memory; the 16-row tile as M is an mma.sync
     assert ["wgmma" in line for line in swapped.stdout.splitlines()] == [False, True], swapped.stdout
+    h100 = subprocess.run([sys.executable, str(tool), "--gpu", "H100", "16"], capture_output=True, text=True,
+                          timeout=600)
+    assert h100.returncode == 0, h100.stderr[-2000:]
+    # the H100's own table swaps every launch but the LM head
+    assert ["wgmma" in line for line in h100.stdout.splitlines()] == [True, True, True, True, False], h100.stdout
     for args, says in ((["--shape", "10x10"], "--shape is one of"), (["--space", "BK=x"], "--space"),
                        (["--space", "SPLIT_K=8"], "the block sizes asked for leave w13 none to try"),
-                       (["--shape"], "--shape needs a value, e.g. --shape 8960x1536")):
+                       (["--shape"], "--shape needs a value, e.g. --shape 8960x1536"),
+                       (["--gpu", "A100"], "--gpu is one of H100")):
         bad = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True, timeout=60)
         assert bad.returncode == 1 and bad.stderr.startswith(f"error: {says}"), bad.stderr
 
