@@ -72,6 +72,19 @@ def test_fused_layer_matches_block_on_gpu(head_dim, rows, start):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("stack", [False, True])
+@pytest.mark.parametrize("rows", [1, 9])
+def test_swapped_layer_matches_block_on_gpu(stack, rows):
+    """Every launch with SWAP_AB at the H100 table's BN 64 (a wgmma; QKV + RoPE's head halves of 64 too), and with
+    `stack` as one stacked operand: a layer and the K it wrote against the compiled block."""
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    with swapped_blocks(), fused_switch("STACKED_PAIR", stack):
+        out_err, k_err = layer_errors(small_model(128, "cuda"), rows, 130, cache_len=2304)
+    assert out_err < 2e-2 and k_err < 2e-2, (out_err, k_err)
+
+
+@pytest.mark.gpu
 def test_fused_graph_model_matches_eager_forward_on_gpu():
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
