@@ -26,7 +26,8 @@ def current_mode() -> dict:
     """The module switches as they are now (as shipped, outside `launch_modes`), with the shipped table."""
     return {"pdl": decode_attention.PDL, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
             "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS,
-            "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER, "stack": fused.STACKED_PAIR}
+            "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER, "stack": fused.STACKED_PAIR,
+            "early": fused.EPILOGUE_FIRST}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
@@ -34,8 +35,9 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     tile height) and a block-size table each. The first is the attention before the 2026-12-04 change; then
     the shipped code, other tables, taller row tiles (32 or 64 rows, with the shipped table and with each other
     table: with SWAP_AB the rows are the MMA's N side, though taller tiles measured slower there too), each table
-    with a SWAP_AB entry with `fused.STACKED_PAIR` flipped (a swapped pair's two blocks as one MMA operand), and
-    the GEMVs streaming ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each,
+    with a SWAP_AB entry with `fused.STACKED_PAIR` flipped (a swapped pair's two blocks as one MMA operand), the
+    shipped step with `fused.EPILOGUE_FIRST` flipped (residual, bias, RoPE's tables loaded before the weight loop),
+    and the GEMVs streaming ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each,
     and together)."""
     shipped = current_mode()
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
@@ -50,6 +52,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     stacked = "unstacked" if shipped["stack"] else "stacked"  # `fused.STACKED_PAIR` flipped, for SWAP_AB launches
     modes |= {f"{name} block sizes, swapped pairs {stacked}": {**shipped, "table": name, "stack": not shipped["stack"]}
               for name, rows in tables.items() if any(config.get("SWAP_AB") for _n, _k, config in rows)}
+    first = "after its weight loop" if shipped["early"] else "before its weight loop"  # fused.EPILOGUE_FIRST flipped
+    modes[f"shipped, each launch's epilogue inputs loaded {first}"] = {**shipped, "early": not shipped["early"]}
     ahead = {(0, True): "next launch triggered after the weight loop"}
     for columns in PREFETCHES:
         ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",
@@ -62,7 +66,7 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
 def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     fused.TILE_ROWS = mode["tile_rows"]
     fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER = mode["prefetch"], mode["trigger"]
-    fused.STACKED_PAIR = mode["stack"]
+    fused.STACKED_PAIR, fused.EPILOGUE_FIRST = mode["stack"], mode["early"]
     decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
     decode_attention.SPLIT_PROGRAMS_PER_SM = mode["split_programs"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's

@@ -67,7 +67,8 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
     cfg, what = cfg or TUNED[shape], LAUNCHES[shape]
     common = {"K": shape[1], "F32": False, "BT": height, "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
               "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": fused.STACKED_PAIR, "PDL": True,
-              "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead, "THREADS": 32 * cfg["num_warps"]}
+              "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead, "THREADS": 32 * cfg["num_warps"],
+              "EARLY": fused.EPILOGUE_FIRST}
     if what.startswith("qkv"):
         consts = {**common, "HEADS": 12, "KV_HEADS": 2, "HD": 128, "HAS_BIAS": True, "BN": min(cfg["BN"], 64)}
         return compiled(fused._qkv_rope_kernel, QKV, consts, cfg)

@@ -249,7 +249,7 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     shipped = {"pdl": True, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
                "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS,
                "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER,
-               "stack": fused.STACKED_PAIR}
+               "stack": fused.STACKED_PAIR, "early": fused.EPILOGUE_FIRST}
     assert sum(mode == shipped for mode in modes.values()) == 1
     ahead = [(mode["prefetch"], mode["trigger"]) for name, mode in modes.items() if "prefetch" in name or
              "trigger" in name]  # the GEMVs streaming ahead: each switch, then both, beside the shipped pair
@@ -263,6 +263,8 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     assert modes[f"swept block sizes, swapped pairs {flipped}"] == {**shipped, "table": "swept",
                                                                      "stack": not shipped["stack"]}
     assert f"shipped block sizes, swapped pairs {flipped}" not in modes  # the H200's table: nothing to stack
+    early = [mode for name, mode in modes.items() if "epilogue inputs" in name]
+    assert early == [{**shipped, "early": not shipped["early"]}]
     try:
         gpu_modes._set_mode(before, tables)
         assert decode_attention.SPLIT_PROGRAMS_PER_SM is None and not decode_attention.SHARE_KV
@@ -272,12 +274,14 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
         assert fused.TILE_ROWS == 64
         gpu_modes._set_mode(modes[f"swept block sizes, swapped pairs {flipped}"], tables)
         assert fused.STACKED_PAIR != shipped["stack"] and block_sizes.linear_config(1536, 1536)["BN"] == 64
+        gpu_modes._set_mode(early[0], tables)
+        assert fused.EPILOGUE_FIRST != shipped["early"]
         gpu_modes._set_mode(modes["shipped, 512-column prefetch and early trigger"], tables)
         assert fused.PREFETCH_COLUMNS == 512 and decode_attention.EARLY_TRIGGER
     finally:
         gpu_modes._set_mode(shipped, tables)
     assert decode_attention.SHARE_KV and block_sizes.tuned_rows() == tables["shipped"] and fused.TILE_ROWS == 16
-    assert fused.STACKED_PAIR == shipped["stack"]
+    assert fused.STACKED_PAIR == shipped["stack"] and fused.EPILOGUE_FIRST == shipped["early"]
     assert (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER) == (shipped["prefetch"], shipped["trigger"])
     # the fastest table is chosen among the modes with the shipped switches only (a table is tuned for one tile
     # height; a faster switch, e.g. the weight prefetch, must not make the shipped table win)

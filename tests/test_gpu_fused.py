@@ -287,13 +287,21 @@ def tall_tile_failures(rows: int, device: str = "cpu", max_rows: int = 20) -> li
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("height,swap,stack", [(16, False, False), (32, False, False), (64, False, False),
-                                               (16, True, False), (16, True, True)])
-def test_rows_are_bit_identical_to_one_row_steps_on_gpu(height, swap, stack):
+@pytest.mark.parametrize("height,swap,stack,early", [(16, False, False, False), (32, False, False, False),
+                                                     (64, False, False, False), (16, True, False, False),
+                                                     (16, True, True, False), (16, False, False, True)])
+def test_rows_are_bit_identical_to_one_row_steps_on_gpu(height, swap, stack, early):
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
-    with tile_rows(height), fused_switch("STACKED_PAIR", stack):
+    with tile_rows(height), fused_switch("STACKED_PAIR", stack), fused_switch("EPILOGUE_FIRST", early):
         assert invariance_failures("cuda", 64, splits=(1, 2, 3, 8), swap=swap) == []
+
+
+@pytest.mark.gpu
+def test_epilogue_inputs_first_changes_no_bit_on_gpu():
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    assert epilogue_first_checks("cuda")[-1] == 1.0
 
 
 def swapped_blocks(block_n: int = 64):
@@ -312,6 +320,43 @@ def test_swapped_mma_rows_are_right_and_bit_identical_under_triton_interpreter(s
     columns where rows belong, or gate where up belongs)."""
     failures, out_err, k_err = interpreted(f"t.swapped_checks({stack})")[-3:]
     assert failures == 0 and out_err < 2e-2 and k_err < 2e-2, (failures, out_err, k_err)
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
+def test_epilogue_inputs_loaded_first_are_the_same_bits_under_triton_interpreter():
+    """fused.EPILOGUE_FIRST loads the residual, bias and RoPE's tables before the weight loop: a layer equals the
+    layer with them loaded after it bit for bit (QKV + RoPE, O + bias + residual, split-K), and rows stay
+    invariant. A table loaded at the wrong row or column, or a mask that drops a live row, changes the bits."""
+    failures, same = interpreted("t.epilogue_first_checks('cpu')")[-2:]
+    assert failures == 0 and same == 1.0, (failures, same)
+
+
+def epilogue_first_checks(device: str) -> list[float]:
+    """[rows that differ from their one-row launch, 1.0 if a layer's output and K/V equal the shipped order's]
+    with `fused.EPILOGUE_FIRST` on."""
+    from dfvg.gpu import fused
+    from dfvg.gpu.block import layer_weights
+
+    model = small_model(32 if device == "cpu" else 128, device)
+    cfg = model.config
+    dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
+    model.setup_cache(1, 160)
+    kc, vc = model.layers[0].attention.kv_cache.k[0], model.layers[0].attention.kv_cache.v[0]
+    torch.manual_seed(2)
+    kc.normal_()
+    vc.normal_()
+    x = torch.randn(5, cfg.hidden_size, device=device).to(torch.bfloat16)
+    pos = torch.arange(70, 75, device=device)
+    outs = []
+    for early in (False, True):
+        with fused_switch("EPILOGUE_FIRST", early), torch.inference_mode():
+            out = fused.layer_forward(x, pos, model.rope_cos, model.rope_sin, kc, vc,
+                                      layer_weights(model.layers[0]), dims)
+            outs.append((out, kc[70:75].clone(), vc[70:75].clone()))
+    same = all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+    with fused_switch("EPILOGUE_FIRST", True):
+        failures = invariance_failures(device, 20 if device == "cpu" else 64)
+    return [len(failures), float(same)]
 
 
 def swapped_checks(stack: bool = False) -> list[float]:

@@ -69,6 +69,11 @@ PREFETCH_COLUMNS = 0
 # are one stacked operand of one MMA per K step instead of two MMAs, each waited for (`gemv_stream._stream`).
 # Off until a lease times it: benchmarks/gpu_modes.py runs it beside the shipped step.
 STACKED_PAIR = False
+# Each GEMV launch loads its epilogue's inputs (the residual and bias; QKV's positions, cos, sin and cache slots) right
+# after its wait, before the weight loop, so their L2 round trips (QKV: position, then cos/sin at it) overlap the
+# stream instead of following it. Same values, so the same bits. Off until a lease times it (gpu_modes.py): the
+# inputs stay in registers through the loop.
+EPILOGUE_FIRST = False
 
 if HAVE_TRITON:
     import triton
@@ -78,13 +83,29 @@ if HAVE_TRITON:
     from dfvg.gpu.gemv_stream import _prefetch_weights, _program, _reduce_splits, _stream
 
     @triton.jit
-    def _linear_out(acc, acc_up, t0, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU: tl.constexpr,
+    def _linear_inputs(t0, n0, b_ptr, res_ptr, rows, N, need, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                       BT: tl.constexpr, BN: tl.constexpr):
+        """The epilogue's inputs of one row tile: bias [1, BN] and residual [BT, BN] (zeros where absent or where
+        `need` is false: a split that does not finish the sum needs none)."""
+        t = t0 + tl.arange(0, BT)
+        n = n0 + tl.arange(0, BN)
+        bias = tl.zeros((1, BN), tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + n, mask=(n < N) & need, other=0.0).to(tl.float32)[None, :]
+        res = tl.zeros((BT, BN), tl.float32)
+        if HAS_RES:
+            res = tl.load(res_ptr + t[:, None] * N + n[None, :], mask=(t[:, None] < rows) & (n[None, :] < N) & need,
+                          other=0.0).to(tl.float32)
+        return bias, res
+
+    @triton.jit
+    def _linear_out(acc, acc_up, bias, res, t0, n0, out_ptr, rows, N, last, SWIGLU: tl.constexpr,
                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
-        """Bias, SwiGLU and residual on one row tile's sums, then the store of rows t0..t0+BT."""
+        """Bias, SwiGLU and residual (`_linear_inputs`) on one row tile's sums, then the store of rows t0..t0+BT."""
         t = t0 + tl.arange(0, BT)
         n = n0 + tl.arange(0, BN)
         if HAS_BIAS:
-            acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+            acc += bias
         if SWIGLU:  # the reference rounds gate and up to bf16, then computes silu(gate) * up in bf16
             gate = acc.to(tl.bfloat16).to(tl.float32)
             acc = (gate / (1.0 + tl.exp(-gate))).to(tl.bfloat16).to(tl.float32) * acc_up.to(tl.bfloat16).to(
@@ -92,7 +113,7 @@ if HAVE_TRITON:
         where = t[:, None] * N + n[None, :]
         valid = (t[:, None] < rows) & (n[None, :] < N) & last
         if HAS_RES:
-            acc = acc.to(tl.bfloat16).to(tl.float32) + tl.load(res_ptr + where, mask=valid, other=0.0).to(tl.float32)
+            acc = acc.to(tl.bfloat16).to(tl.float32) + res
         tl.store(out_ptr + where, acc.to(out_ptr.dtype.element_ty), mask=valid)
 
     @triton.jit(do_not_specialize=["rows"])
@@ -100,13 +121,16 @@ if HAVE_TRITON:
                        K: tl.constexpr, k_len, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr,
-                       PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr):
+                       PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr,
+                       EARLY: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
         block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         n0 = block * BN
         n_rows = 2 * N if SWIGLU else N
         _prefetch_weights(w_ptr, n0, N + n0, n_rows, K, split * k_len, k_len, t0, SWIGLU, BN, THREADS, PREFETCH)
         _after_previous_launch(PDL)
+        if EARLY:  # `EPILOGUE_FIRST`: their round trip overlaps the weight stream
+            bias, res = _linear_inputs(t0, n0, b_ptr, res_ptr, rows, N, True, HAS_BIAS, HAS_RES, BT, BN)
         acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0, split * k_len, k_len, K,
                               eps, NORM, SWIGLU, F32, BT, BN, BK, SWAP_AB, STACK)
         _let_next_launch_start(TRIGGER)
@@ -114,36 +138,56 @@ if HAVE_TRITON:
         if SPLIT_K > 1:
             acc, acc_up, last = _reduce_splits(acc, acc_up, part_ptr, count_ptr, tile, split, rows - t0, SWIGLU,
                                                SPLIT_K, BT, BN)
-        _linear_out(acc, acc_up, t0, n0, b_ptr, res_ptr, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES, BT, BN)
+        if not EARLY:
+            bias, res = _linear_inputs(t0, n0, b_ptr, res_ptr, rows, N, last, HAS_BIAS, HAS_RES, BT, BN)
+        _linear_out(acc, acc_up, bias, res, t0, n0, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES, BT, BN)
 
     @triton.jit
-    def _rope_out(acc_lo, acc_hi, t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
-                  rows, last, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
+    def _rope_inputs(t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, rows, need, HEADS: tl.constexpr,
+                     KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, BT: tl.constexpr,
+                     BN: tl.constexpr):
+        """The epilogue's inputs of one row tile's q/k/v columns lo: bias of both halves [1, BN], cos and sin of
+        both halves at each row's position [BT, BN] (q and k heads; zeros for v heads, which are not rotated, and
+        where `need` is false), and each row's cache slot [BT]."""
+        HALF: tl.constexpr = HD // 2
+        t = t0 + tl.arange(0, BT)
+        live = (t < rows) & need
+        b_lo = tl.zeros((1, BN), tl.float32)
+        b_hi = tl.zeros((1, BN), tl.float32)
+        if HAS_BIAS:
+            b_lo = tl.load(b_ptr + head * HD + lo, mask=need, other=0.0).to(tl.float32)[None, :]
+            b_hi = tl.load(b_ptr + head * HD + HALF + lo, mask=need, other=0.0).to(tl.float32)[None, :]
+        pos = tl.load(pos_ptr + t, mask=live, other=0).to(tl.int32)
+        rotated = live[:, None] & (head < HEADS + KV_HEADS)
+        at = pos[:, None] * HD + lo[None, :]
+        cos_lo = tl.load(cos_ptr + at, mask=rotated, other=0.0).to(tl.bfloat16).to(tl.float32)
+        sin_lo = tl.load(sin_ptr + at, mask=rotated, other=0.0).to(tl.bfloat16).to(tl.float32)
+        cos_hi = tl.load(cos_ptr + at + HALF, mask=rotated, other=0.0).to(tl.bfloat16).to(tl.float32)
+        sin_hi = tl.load(sin_ptr + at + HALF, mask=rotated, other=0.0).to(tl.bfloat16).to(tl.float32)
+        slot = tl.load(slot_ptr + t, mask=live, other=0).to(tl.int32)
+        return b_lo, b_hi, cos_lo, sin_lo, cos_hi, sin_hi, slot
+
+    @triton.jit
+    def _rope_out(acc_lo, acc_hi, b_lo, b_hi, cos_lo, sin_lo, cos_hi, sin_hi, slot, t0, head, lo, q_ptr, kc_ptr,
+                  vc_ptr, rows, last, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
                   HAS_BIAS: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
-        """Bias and RoPE on one row tile's q/k/v columns lo (both halves of the head), then the store: q to its
-        buffer, k and v into the cache at each row's slot."""
+        """Bias and RoPE (`_rope_inputs`) on one row tile's q/k/v columns lo (both halves of the head), then the
+        store: q to its buffer, k and v into the cache at each row's slot."""
         HALF: tl.constexpr = HD // 2
         if HAS_BIAS:
-            acc_lo += tl.load(b_ptr + head * HD + lo).to(tl.float32)[None, :]
-            acc_hi += tl.load(b_ptr + head * HD + HALF + lo).to(tl.float32)[None, :]
+            acc_lo += b_lo
+            acc_hi += b_hi
         x_lo = acc_lo.to(tl.bfloat16).to(tl.float32)  # the projection's bf16 output, as the reference has it
         x_hi = acc_hi.to(tl.bfloat16).to(tl.float32)
         t = t0 + tl.arange(0, BT)
         live = t < rows
-        pos = tl.load(pos_ptr + t, mask=live, other=0).to(tl.int32)
         if head < HEADS + KV_HEADS:  # q and k heads are rotated; v heads are stored as they are
-            at = pos[:, None] * HD + lo[None, :]
-            cos_lo = tl.load(cos_ptr + at, mask=live[:, None], other=0.0).to(tl.bfloat16).to(tl.float32)
-            sin_lo = tl.load(sin_ptr + at, mask=live[:, None], other=0.0).to(tl.bfloat16).to(tl.float32)
-            cos_hi = tl.load(cos_ptr + at + HALF, mask=live[:, None], other=0.0).to(tl.bfloat16).to(tl.float32)
-            sin_hi = tl.load(sin_ptr + at + HALF, mask=live[:, None], other=0.0).to(tl.bfloat16).to(tl.float32)
             y_lo = x_lo * cos_lo - x_hi * sin_lo
             y_hi = x_hi * cos_hi + x_lo * sin_hi
         else:
             y_lo = x_lo
             y_hi = x_hi
         mask = live[:, None] & (lo[None, :] < HALF) & last
-        slot = tl.load(slot_ptr + t, mask=live, other=0).to(tl.int32)
         if head < HEADS:
             at = t[:, None] * (HEADS * HD) + head * HD + lo[None, :]
             dest = q_ptr
@@ -162,7 +206,7 @@ if HAVE_TRITON:
                          KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
                          BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                          SWAP_AB: tl.constexpr, STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-                         TRIGGER: tl.constexpr, THREADS: tl.constexpr):
+                         TRIGGER: tl.constexpr, THREADS: tl.constexpr, EARLY: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
         position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
@@ -175,6 +219,9 @@ if HAVE_TRITON:
         _prefetch_weights(w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD, K, split * k_len, k_len, t0,
                           True, BN, THREADS, PREFETCH)
         _after_previous_launch(PDL)
+        if EARLY:  # `EPILOGUE_FIRST`: the position -> cos/sin chain of round trips overlaps the weight stream
+            side = _rope_inputs(t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, rows, True, HEADS,
+                                KV_HEADS, HD, HAS_BIAS, BT, BN)
         acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
                                  rows, t0, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK, SWAP_AB,
                                  STACK)
@@ -183,8 +230,12 @@ if HAVE_TRITON:
         if SPLIT_K > 1:
             acc_lo, acc_hi, last = _reduce_splits(acc_lo, acc_hi, part_ptr, count_ptr, tile, split, rows - t0, True,
                                                   SPLIT_K, BT, BN)
-        _rope_out(acc_lo, acc_hi, t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
-                  rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
+        if not EARLY:
+            side = _rope_inputs(t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, rows, last, HEADS,
+                                KV_HEADS, HD, HAS_BIAS, BT, BN)
+        b_lo, b_hi, cos_lo, sin_lo, cos_hi, sin_hi, slot = side
+        _rope_out(acc_lo, acc_hi, b_lo, b_hi, cos_lo, sin_lo, cos_hi, sin_hi, slot, t0, head, lo, q_ptr, kc_ptr,
+                  vc_ptr, rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -216,7 +267,7 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool) -> dict:
             "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": STACKED_PAIR, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl,
             "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "TRIGGER": early_trigger_on(x.device),
-            "THREADS": threads}
+            "THREADS": threads, "EARLY": EPILOGUE_FIRST}
 
 
 def _grid(cfg: dict, blocks: int, rows: int) -> tuple[int]:
