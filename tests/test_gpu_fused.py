@@ -324,18 +324,21 @@ def test_swapped_mma_rows_are_right_and_bit_identical_under_triton_interpreter(s
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
 def test_epilogue_inputs_loaded_first_are_the_same_bits_under_triton_interpreter():
-    """fused.EPILOGUE_FIRST loads the residual, bias and RoPE's tables before the weight loop: a layer equals the
-    layer with them loaded after it bit for bit (QKV + RoPE, O + bias + residual, split-K), and rows stay
-    invariant. A table loaded at the wrong row or column, or a mask that drops a live row, changes the bits."""
+    """fused.EPILOGUE_FIRST loads the residual, bias and RoPE's tables before the weight loop: a layer and a
+    launch with bias and residual over two row tiles equal the shipped order bit for bit (split-K on), and rows
+    stay invariant. A table loaded at the wrong row or column, a mask that drops a live row, or K/V not written
+    (the cache is reset to the same old values before each run) changes the bits."""
     failures, same = interpreted("t.epilogue_first_checks('cpu')")[-2:]
     assert failures == 0 and same == 1.0, (failures, same)
 
 
 def epilogue_first_checks(device: str) -> list[float]:
-    """[rows that differ from their one-row launch, 1.0 if a layer's output and K/V equal the shipped order's]
-    with `fused.EPILOGUE_FIRST` on."""
+    """[rows that differ from their one-row launch, 1.0 if everything equals the shipped order's bits] with
+    `fused.EPILOGUE_FIRST` on: a layer (QKV + bias + RoPE, K/V written from the same old cache) with split-K on
+    every launch, and a 20-row launch (two row tiles) with bias and residual."""
     from dfvg.gpu import fused
     from dfvg.gpu.block import layer_weights
+    from dfvg.gpu.block_sizes import linear_config
 
     model = small_model(32 if device == "cpu" else 128, device)
     cfg = model.config
@@ -343,16 +346,22 @@ def epilogue_first_checks(device: str) -> list[float]:
     model.setup_cache(1, 160)
     kc, vc = model.layers[0].attention.kv_cache.k[0], model.layers[0].attention.kv_cache.v[0]
     torch.manual_seed(2)
-    kc.normal_()
-    vc.normal_()
-    x = torch.randn(5, cfg.hidden_size, device=device).to(torch.bfloat16)
+    old_k, old_v = kc.normal_().clone(), vc.normal_().clone()
+    x = torch.randn(20, cfg.hidden_size, device=device).to(torch.bfloat16)
+    w = torch.randn(48, cfg.hidden_size, device=device).to(torch.bfloat16)
+    bias, res = torch.randn(48, device=device).to(torch.bfloat16), torch.randn(20, 48, device=device).to(torch.bfloat16)
     pos = torch.arange(70, 75, device=device)
+    split = {"BK": 32, "SPLIT_K": 2}
     outs = []
     for early in (False, True):
-        with fused_switch("EPILOGUE_FIRST", early), torch.inference_mode():
-            out = fused.layer_forward(x, pos, model.rope_cos, model.rope_sin, kc, vc,
+        kc.copy_(old_k)
+        vc.copy_(old_v)
+        with fused_switch("EPILOGUE_FIRST", early), torch.inference_mode(), \
+                fused_switch("linear_config", lambda n, k: {**linear_config(n, k), **split}):
+            out = fused.layer_forward(x[:5], pos, model.rope_cos, model.rope_sin, kc, vc,
                                       layer_weights(model.layers[0]), dims)
-            outs.append((out, kc[70:75].clone(), vc[70:75].clone()))
+            outs.append((out, kc[70:75].clone(), vc[70:75].clone(),
+                         fused.fused_linear(x, w, bias=bias, residual=res, config=split)))
     same = all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
     with fused_switch("EPILOGUE_FIRST", True):
         failures = invariance_failures(device, 20 if device == "cpu" else 64)
