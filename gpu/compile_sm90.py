@@ -15,6 +15,7 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
     python gpu/compile_sm90.py --shape 8960x1536 --space "BK=128,256 num_warps=4,8"
                                                  # one launch over block sizes (gpu_rows.py --sweep-space's words)
     python gpu/compile_sm90.py --gpu H100 16      # the table an H100 runs (block_sizes.GPU_TABLES), not the H200's
+    python gpu/compile_sm90.py --epilogue-first --stacked 16   # with fused.EPILOGUE_FIRST / fused.STACKED_PAIR on
 """
 
 from __future__ import annotations
@@ -183,7 +184,9 @@ def main(argv: list[str]) -> None:
     if not HAVE_TRITON:
         sys.exit("error: Triton is not installed (pip install triton; CUDA builds of torch ship it)")
     ahead = "--stream-ahead" in argv
-    argv = [a for a in argv if a != "--stream-ahead"]
+    fused.EPILOGUE_FIRST = fused.EPILOGUE_FIRST or "--epilogue-first" in argv
+    fused.STACKED_PAIR = fused.STACKED_PAIR or "--stacked" in argv
+    argv = [a for a in argv if a not in ("--stream-ahead", "--epilogue-first", "--stacked")]
     shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
     gpu = _option(argv, "--gpu", "H100")
     if gpu is not None:

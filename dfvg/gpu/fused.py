@@ -92,10 +92,10 @@ if HAVE_TRITON:
         bias = tl.zeros((1, BN), tl.float32)
         if HAS_BIAS:
             bias = tl.load(b_ptr + n, mask=(n < N) & need, other=0.0).to(tl.float32)[None, :]
-        res = tl.zeros((BT, BN), tl.float32)
-        if HAS_RES:
+        res = tl.zeros((BT, BN), tl.bfloat16)
+        if HAS_RES:  # in its own dtype (bf16 in a layer: half the registers), widened where it is added
             res = tl.load(res_ptr + t[:, None] * N + n[None, :], mask=(t[:, None] < rows) & (n[None, :] < N) & need,
-                          other=0.0).to(tl.float32)
+                          other=0.0)
         return bias, res
 
     @triton.jit
@@ -113,7 +113,7 @@ if HAVE_TRITON:
         where = t[:, None] * N + n[None, :]
         valid = (t[:, None] < rows) & (n[None, :] < N) & last
         if HAS_RES:
-            acc = acc.to(tl.bfloat16).to(tl.float32) + res
+            acc = acc.to(tl.bfloat16).to(tl.float32) + res.to(tl.float32)
         tl.store(out_ptr + where, acc.to(out_ptr.dtype.element_ty), mask=valid)
 
     @triton.jit(do_not_specialize=["rows"])
@@ -147,8 +147,8 @@ if HAVE_TRITON:
                      KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, BT: tl.constexpr,
                      BN: tl.constexpr):
         """The epilogue's inputs of one row tile's q/k/v columns lo: bias of both halves [1, BN], cos and sin of
-        both halves at each row's position [BT, BN] (q and k heads; zeros for v heads, which are not rotated, and
-        where `need` is false), and each row's cache slot [BT]."""
+        both halves at each row's position [BT, BN] in bf16 (q and k heads; zeros for v heads, which are not
+        rotated, and where `need` is false), and each row's cache slot [BT]."""
         HALF: tl.constexpr = HD // 2
         t = t0 + tl.arange(0, BT)
         live = (t < rows) & need
@@ -160,10 +160,10 @@ if HAVE_TRITON:
         pos = tl.load(pos_ptr + t, mask=live, other=0).to(tl.int32)
         rotated = live[:, None] & (head < HEADS + KV_HEADS)
         at = pos[:, None] * HD + lo[None, :]
-        cos_lo = tl.load(cos_ptr + at, mask=rotated, other=0.0).to(tl.bfloat16).to(tl.float32)
-        sin_lo = tl.load(sin_ptr + at, mask=rotated, other=0.0).to(tl.bfloat16).to(tl.float32)
-        cos_hi = tl.load(cos_ptr + at + HALF, mask=rotated, other=0.0).to(tl.bfloat16).to(tl.float32)
-        sin_hi = tl.load(sin_ptr + at + HALF, mask=rotated, other=0.0).to(tl.bfloat16).to(tl.float32)
+        cos_lo = tl.load(cos_ptr + at, mask=rotated, other=0.0).to(tl.bfloat16)  # bf16, as the reference rounds
+        sin_lo = tl.load(sin_ptr + at, mask=rotated, other=0.0).to(tl.bfloat16)  # them (and half the registers)
+        cos_hi = tl.load(cos_ptr + at + HALF, mask=rotated, other=0.0).to(tl.bfloat16)
+        sin_hi = tl.load(sin_ptr + at + HALF, mask=rotated, other=0.0).to(tl.bfloat16)
         slot = tl.load(slot_ptr + t, mask=live, other=0).to(tl.int32)
         return b_lo, b_hi, cos_lo, sin_lo, cos_hi, sin_hi, slot
 
@@ -182,8 +182,8 @@ if HAVE_TRITON:
         t = t0 + tl.arange(0, BT)
         live = t < rows
         if head < HEADS + KV_HEADS:  # q and k heads are rotated; v heads are stored as they are
-            y_lo = x_lo * cos_lo - x_hi * sin_lo
-            y_hi = x_hi * cos_hi + x_lo * sin_hi
+            y_lo = x_lo * cos_lo.to(tl.float32) - x_hi * sin_lo.to(tl.float32)
+            y_hi = x_hi * cos_hi.to(tl.float32) + x_lo * sin_hi.to(tl.float32)
         else:
             y_lo = x_lo
             y_hi = x_hi
