@@ -192,10 +192,10 @@ def goals(runs: dict, meta: dict) -> dict:
     gpu = next((name for m in meta.values() if (name := (m.get("env") or {}).get("gpu"))), "")  # gpu_speed's env
     if plain and weights:
         ms = decode_ms_per_token(plain)
-        floor_ms = weights / (copy_tb_s(gpu) * 1e12) * 1e3
+        out["copy_rate_TB_s"] = rate = copy_tb_s(gpu)
+        floor_ms = weights / (rate * 1e12) * 1e3
         out["plain_decode_ms_per_token"] = ms
         out["bandwidth_floor_ms"] = floor_ms
-        out["copy_rate_TB_s"] = copy_tb_s(gpu)
         out["achieved_TB_s"] = weights / (ms * 1e-3) / 1e12
         out["fraction_of_floor"] = floor_ms / ms
         out["goal_plain_70pct_floor_met"] = floor_ms / ms >= 0.7

@@ -28,7 +28,7 @@ by CUDA events around replays (medians). What it measures:
    `decode_attention.EARLY_TRIGGER`; alone and together), timed in alternating rounds; whether every mode's
    logits equal the first mode's bit for bit; the faster block-size table on the whole step
    (fastest_tuned.json; among the modes with the shipped switches) is the one the rest of the run uses;
-6. `--profile`: device time per kernel name in a replayed step at T = 1, 16, 64, contexts 512, 32,704 (torch.profiler).
+6. `--profile`: device time per kernel name in a replayed step at T = 1, 16, 64, contexts 512, 32,704.
 """
 
 from __future__ import annotations
@@ -325,7 +325,7 @@ def block_size_tables(args, cfg, only: tuple[str, ...], result: dict, out: Path)
     block_sizes.adopt_gpu_table(torch.cuda.get_device_name())
     tables = {"shipped": block_sizes.tuned_rows()}
     if args.tuned:
-        block_sizes.apply_tuned(json.loads(Path(args.tuned).read_text()))
+        block_sizes.apply_tuned(args.tuned)
         tables["given"] = block_sizes.tuned_rows()
     if args.sweep:
         result["sweep"] = sweep(cfg, args.sweep_rows, only, args.sweep_space)
@@ -339,8 +339,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=".")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--sweep-rows", default="1,5", type=row_counts,
-                   help="row counts whose summed launch time the sweep minimizes (first: the one whose TB/s is "
-                   "reported), e.g. 1,5,16,64")
+                   help="row counts whose summed launch time the sweep minimizes (the first's TB/s is reported)")
     p.add_argument("--sweep-shapes", default="", help="with --sweep: only these launches, e.g. w13,w2 (of wqkv, wo, "
                    "w13, w2, lm_head; the others keep the table they have)")
     p.add_argument("--sweep-space", default={}, type=sweep_space,
@@ -356,6 +355,7 @@ def main(argv=None) -> None:
     cfg = SHAPES["qwen2.5-coder-1.5b"]
     try:
         only = sweep_launches(cfg, args.sweep_shapes, args.sweep_space) if args.sweep else ()
+        args.tuned = block_sizes.read_tuned(args.tuned) if args.tuned else None  # the path's rows, checked
     except UserError as exc:
         p.error(str(exc))
     if not torch.cuda.is_available():
@@ -382,9 +382,9 @@ def main(argv=None) -> None:
     if args.modes_only:
         (out / "gpu_rows.json").write_text(json.dumps(result, indent=1))
         return
-    result |= {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
-               "copy_tb_s": copy_tb_s(result["gpu"]),
-               "floor_ms": weight_bytes / (copy_tb_s(result["gpu"]) * 1e12) * 1e3, "invariance": invariance(gm),
+    rate = copy_tb_s(result["gpu"])
+    result |= {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token, "copy_tb_s": rate,
+               "floor_ms": weight_bytes / (rate * 1e12) * 1e3, "invariance": invariance(gm),
                "invariance_tall_tiles": tall_tile_invariance(gm),
                "steps": step_times(gm, weight_bytes, kv_per_token), "cublas": cublas_times(cfg)}
     t1 = next(r for r in result["steps"] if r["T"] == 1 and r["context"] == CONTEXTS[0])

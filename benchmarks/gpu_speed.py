@@ -330,12 +330,11 @@ def main(argv=None) -> int:
     if args.tuned:
         from dfvg.gpu import block_sizes
 
-        if not Path(args.tuned).is_file():
-            print(f"error: --tuned {args.tuned}: no such file (benchmarks/gpu_rows.py --sweep writes tuned.json)",
-                  file=sys.stderr)
+        try:
+            block_sizes.apply_tuned(block_sizes.read_tuned(args.tuned))
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
-
-        block_sizes.apply_tuned(json.loads(Path(args.tuned).read_text()))
         print(f"fused block sizes from {args.tuned}: {len(block_sizes.TUNED)} shapes", flush=True)
     phases = args.phases.split(",")
     if args.fpga_head and "fpga" not in phases:

@@ -14,7 +14,6 @@ Random bf16 weights of the Qwen2.5-Coder-1.5B target's shapes. Needs a CUDA GPU.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_decode import SHAPES  # noqa: E402
 from benchmarks.gpu_rows import launch_of, shapes, time_launch  # noqa: E402
-from dfvg.errors import OneLineParser  # noqa: E402
+from dfvg.errors import OneLineParser, UserError  # noqa: E402
 from dfvg.gpu import block_sizes  # noqa: E402
 
 NORM_LAUNCHES = ("w13", "lm_head")  # the fused_linear launches with RMSNorm (QKV + RoPE always has it)
@@ -57,31 +56,21 @@ def norm_costs(rows: tuple[int, ...] = ROWS) -> list[dict]:
     return out
 
 
-def tuned_file(path: str) -> list[list]:
-    """--tuned's rows ([N, K, config] each, as gpu_rows.py --sweep writes them); a bad file is one line."""
-    try:
-        rows = json.loads(Path(path).read_text())
-        whole = [isinstance(row, list) and len(row) == 3 and all(isinstance(v, int) for v in row[:2])
-                 and isinstance(row[2], dict) and set(block_sizes.BLOCK_KEYS[:5]) <= set(row[2]) for row in rows]
-        if not rows or not all(whole):
-            raise ValueError("not [N, K, config] rows with BN, BK, SPLIT_K, num_warps and num_stages")
-        return rows
-    except (OSError, ValueError, TypeError) as exc:
-        raise argparse.ArgumentTypeError(f"{path}: not a sweep's tuned.json ({exc})") from None
-
-
 def main(argv: list[str] | None = None) -> None:
     """Time the norm launches with and without their RMSNorm at this GPU's table (or --tuned's); norm_cost.json."""
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=".")
-    p.add_argument("--tuned", type=tuned_file,
-                   help="tuned.json of a sweep (gpu_rows.py --sweep) to time instead of the shipped table")
+    p.add_argument("--tuned", help="tuned.json of a sweep (gpu_rows.py --sweep) to time instead of the shipped table")
     args = p.parse_args(argv)
+    try:
+        tuned = block_sizes.read_tuned(args.tuned) if args.tuned else None
+    except UserError as exc:
+        p.error(str(exc))
     if not torch.cuda.is_available():
         sys.exit("norm_cost.py needs a CUDA GPU (this machine has none)")
     block_sizes.adopt_gpu_table(torch.cuda.get_device_name())  # the product's table on this GPU
-    if args.tuned:
-        block_sizes.apply_tuned(args.tuned)
+    if tuned:
+        block_sizes.apply_tuned(tuned)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
               "provenance": "measured", "table": block_sizes.tuned_rows(), "launches": norm_costs()}
     out = Path(args.out)

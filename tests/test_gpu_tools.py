@@ -55,6 +55,7 @@ def test_sweep_space_replaces_only_the_lists_it_names():
     (["--sweep", "--sweep-shapes", "w13", "--sweep-space", "SPLIT_K=8"], "leave w13 none to try"),
     (["--sweep", "--sweep-shapes", "wqkv", "--sweep-space", "BN=128"], "leave wqkv none to try"),
     (["--sweep", "--sweep-space", "SPLIT_K=0"], "powers of two"),
+    (["--tuned", "no-such-tuned.json"], "not a sweep's tuned.json"),
 ])
 def test_gpu_rows_refuses_a_sweep_it_cannot_run_in_one_line_before_any_gpu_time(args, says, capsys):
     """Checked before the GPU is asked for (this machine has none): one line on stderr, exit 2."""

@@ -8,6 +8,11 @@ on the weight's shape only, never on the row count; an autotuner keyed on T woul
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from dfvg.errors import UserError
+
 # Block sizes per weight shape (N, K), measured best on the H200: by benchmarks/gpu_rows.py --sweep for the
 # Qwen2.5-Coder-1.5B target's shapes with programmatic dependent launch (2026-12-04 evening,
 # benchmarks/h200_2026-12-04_pdl/rows: each launch alone, then the whole step: 1.589 against 1.667 ms at T = 1
@@ -32,8 +37,6 @@ TUNED: dict[tuple[int, int], dict] = {
 }
 
 
-# A table entry's keys. SWAP_AB (0 or 1; absent means 0): the MMA takes weight rows as its M side
-# (`gemv_stream._stream`), a wgmma from shared memory on sm_90 where BN >= 64.
 # Rows measured on another GPU, which replace TUNED's on that GPU (`adopt_gpu_table`, by a part of the device's
 # name). The H100: every launch but the LM head with SWAP_AB (weights as the wgmma's M side), swept on an H100 80GB
 # HBM3 for T = 1, 5, 17 and 64 rows together (benchmarks/gpu_rows.py --sweep, 2026-12-06 06:40-07:00 UTC,
@@ -52,6 +55,8 @@ GPU_TABLES: dict[str, dict[tuple[int, int], dict]] = {
 _GIVEN: set[tuple[int, int]] = set()  # shapes `apply_tuned` set (a sweep, --tuned): a GPU's table leaves them
 _ADOPTED: set[str] = set()  # GPU names whose table is in TUNED
 
+# A table entry's keys. SWAP_AB (0 or 1; absent means 0): the MMA takes weight rows as its M side
+# (`gemv_stream._stream`), a wgmma from shared memory on sm_90 where BN >= 64.
 BLOCK_KEYS = ("BN", "BK", "SPLIT_K", "num_warps", "num_stages", "SWAP_AB")
 
 
@@ -80,6 +85,25 @@ def apply_tuned(rows: list[list]) -> None:
     for n, k, config in rows:
         TUNED[(n, k)] = config
         _GIVEN.add((n, k))
+
+
+def read_tuned(path: str) -> list[list]:
+    """The rows of a tuned.json (`tuned_rows`' form, as benchmarks/gpu_rows.py --sweep writes it): [N, K, config]
+    each, with every key but SWAP_AB and values a launch can take (`block_value_rule`). Why one reader: three
+    benchmarks take --tuned, and a bad file must be one line before any GPU time, not a traceback mid-run."""
+    try:
+        rows = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--tuned {path}: not a sweep's tuned.json ({exc})") from None
+    needed = set(BLOCK_KEYS) - {"SWAP_AB"}
+    whole = [isinstance(row, list) and len(row) == 3 and all(isinstance(v, int) for v in row[:2])
+             and isinstance(row[2], dict) and needed <= set(row[2]) <= set(BLOCK_KEYS)
+             and not any(block_value_rule(key, value) for key, value in row[2].items()) for row in rows] \
+        if isinstance(rows, list) else [False]
+    if not rows or not all(whole):
+        raise UserError(f"--tuned {path}: not a sweep's tuned.json (not [N, K, config] rows with "
+                        "BN, BK, SPLIT_K, num_warps and num_stages; benchmarks/gpu_rows.py --sweep writes one)")
+    return rows
 
 
 def adopt_gpu_table(gpu_name: str) -> None:

@@ -109,6 +109,23 @@ if HAVE_TRITON:
         return tl.rsqrt(sum_sq / K + eps)
 
     @triton.jit
+    def _row_scales(x_ptr, x_stride, rows, t0, K: tl.constexpr, eps, NORM: tl.constexpr, BT: tl.constexpr):
+        """1/RMS of rows t0..t0+BT with NORM (`_inv_rms`), else ones [BT]."""
+        rstd = tl.full((BT,), 1.0, tl.float32)
+        if NORM:
+            rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, 512)
+        return rstd
+
+    @triton.jit
+    def _norm_weights(g_ptr, k0, K, NORM: tl.constexpr, BK: tl.constexpr):
+        """RMSNorm's weights g at columns k0..k0+BK as [1, BK] float32 with NORM (zeros past K), else ones."""
+        g = tl.full((1, BK), 1.0, tl.float32)
+        if NORM:
+            k = k0 + tl.arange(0, BK)
+            g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+        return g
+
+    @triton.jit
     def _a_tile(x_ptr, x_stride, rows, t0, K, k0, rstd, g, NORM: tl.constexpr, BT: tl.constexpr,
                 BK: tl.constexpr):
         """Rows t0..t0+BT of A at columns k0..k0+BK as the bf16 MMA operand; with NORM, A = RMSNorm(x) * g,
@@ -135,16 +152,11 @@ if HAVE_TRITON:
         if SWAP_AB and STACK:
             return _stream_stacked(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K, eps,
                                    NORM, PAIR, F32, BT, BN, BK)
-        rstd = tl.full((BT,), 1.0, tl.float32)
-        if NORM:
-            rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, 512)
+        rstd = _row_scales(x_ptr, x_stride, rows, t0, K, eps, NORM, BT)
         acc0 = tl.zeros((BN, BT) if SWAP_AB else (BT, BN), tl.float32)
         acc1 = tl.zeros((BN, BT) if SWAP_AB else (BT, BN), tl.float32)
         for k0 in range(k_lo, tl.minimum(k_lo + k_len, K), BK):
-            g = tl.full((1, BK), 1.0, tl.float32)
-            if NORM:
-                k = k0 + tl.arange(0, BK)
-                g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+            g = _norm_weights(g_ptr, k0, K, NORM, BK)
             w0 = _w_tile(w_ptr, row0, n_rows, K, k0, BN, BK)
             w1 = w0
             if PAIR:
@@ -170,15 +182,10 @@ if HAVE_TRITON:
                         BN: tl.constexpr, BK: tl.constexpr):
         """`_stream` with SWAP_AB and STACK: W x^T with the pair's blocks stacked into one MMA operand."""
         GROUPS: tl.constexpr = 2 if PAIR else 1
-        rstd = tl.full((BT,), 1.0, tl.float32)
-        if NORM:
-            rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, 512)
+        rstd = _row_scales(x_ptr, x_stride, rows, t0, K, eps, NORM, BT)
         acc = tl.zeros((GROUPS * BN, BT), tl.float32)
         for k0 in range(k_lo, tl.minimum(k_lo + k_len, K), BK):
-            g = tl.full((1, BK), 1.0, tl.float32)
-            if NORM:
-                k = k0 + tl.arange(0, BK)
-                g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+            g = _norm_weights(g_ptr, k0, K, NORM, BK)
             w = _stacked_tile(w_ptr, row0, row1, n_rows, K, k0, PAIR, BN, BK)
             a = _a_tile(x_ptr, x_stride, rows, t0, K, k0, rstd, g, NORM, BT, BK)
             acc += _dot(w, tl.trans(a), F32)
