@@ -83,7 +83,7 @@ def sweep_space(text: str) -> dict[str, tuple[int, ...]]:
     """'BK=64,128 num_stages=4,5,6' -> {"BK": (64, 128), "num_stages": (4, 5, 6)}; the keys it does not name keep
     sweep_grid's lists. Why: a lease tests one hypothesis (e.g. deeper pipelines of narrower K steps) on the
     launches it concerns, in minutes, instead of the whole default grid. Refused in one line: an unknown or
-    repeated key, and values a launch cannot take (block sizes, splits and warps are powers of two; stages >= 1)."""
+    repeated key, and values a launch cannot take (block sizes and warps: powers of two; splits 1-64; stages >= 1)."""
     space: dict[str, tuple[int, ...]] = {}
     for word in text.split():
         key, _, values = word.partition("=")

@@ -15,7 +15,8 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
     python gpu/compile_sm90.py --shape 8960x1536 --space "BK=128,256 num_warps=4,8"
                                                  # one launch over block sizes (gpu_rows.py --sweep-space's words)
     python gpu/compile_sm90.py --gpu H100 16      # the table an H100 runs (block_sizes.GPU_TABLES), not the H200's
-    python gpu/compile_sm90.py --epilogue-first --stacked 16   # with fused.EPILOGUE_FIRST / fused.STACKED_PAIR on
+    python gpu/compile_sm90.py --epilogue-first --unstacked 16  # fused.EPILOGUE_FIRST on / fused.STACKED_PAIR off
+    python gpu/compile_sm90.py --norm-in-producer 16   # fused.NORM_IN_PRODUCER on: O normalizes for gate/up
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from dfvg.gpu.kernels import HAVE_TRITON  # noqa: E402
 
 LINEAR = {"x_ptr": "*bf16", "x_stride": "i32", "g_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16",
           "res_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "rows": "i32",
-          "N": "i32", "k_len": "i32", "eps": "fp32"}
+          "N": "i32", "k_len": "i32", "eps": "fp32", "xn_ptr": "*bf16", "gn_ptr": "*bf16", "row_count_ptr": "*i32"}
 QKV = {"x_ptr": "*bf16", "g_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "pos_ptr": "*i64",
        "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "q_ptr": "*bf16", "kc_ptr": "*bf16",
        "vc_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "rows": "i32", "k_len": "i32", "eps": "fp32"}
@@ -73,8 +74,10 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
     if what.startswith("qkv"):
         consts = {**common, "HEADS": 12, "KV_HEADS": 2, "HD": 128, "HAS_BIAS": True, "BN": min(cfg["BN"], 64)}
         return compiled(fused._qkv_rope_kernel, QKV, consts, cfg)
-    consts = {**common, "NORM": "norm" in what, "SWIGLU": "gate" in what, "HAS_BIAS": False,
-              "HAS_RES": "residual" in what, "BN": cfg["BN"]}
+    produces = fused.NORM_IN_PRODUCER and what.startswith("o proj")  # then gate/up takes x normalized
+    consts = {**common, "NORM": "norm" in what and not (fused.NORM_IN_PRODUCER and "gate" in what),
+              "SWIGLU": "gate" in what, "HAS_BIAS": False, "HAS_RES": "residual" in what, "BN": cfg["BN"],
+              "NORM_OUT": shape[0] if produces else 0}
     return compiled(fused._linear_kernel, LINEAR, consts, cfg)
 
 
@@ -185,8 +188,9 @@ def main(argv: list[str]) -> None:
         sys.exit("error: Triton is not installed (pip install triton; CUDA builds of torch ship it)")
     ahead = "--stream-ahead" in argv
     fused.EPILOGUE_FIRST = fused.EPILOGUE_FIRST or "--epilogue-first" in argv
-    fused.STACKED_PAIR = fused.STACKED_PAIR or "--stacked" in argv
-    argv = [a for a in argv if a not in ("--stream-ahead", "--epilogue-first", "--stacked")]
+    fused.STACKED_PAIR = fused.STACKED_PAIR and "--unstacked" not in argv
+    fused.NORM_IN_PRODUCER = fused.NORM_IN_PRODUCER or "--norm-in-producer" in argv
+    argv = [a for a in argv if a not in ("--stream-ahead", "--epilogue-first", "--unstacked", "--norm-in-producer")]
     shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
     gpu = _option(argv, "--gpu", "H100")
     if gpu is not None:

@@ -36,11 +36,12 @@ def test_sweep_space_replaces_only_the_lists_it_names():
     assert all(8960 // c["SPLIT_K"] >= c["BK"] for c in grid)
     assert max(c["SPLIT_K"] for c in sweep_grid(8960, 1536, norm=True, space=space)) <= 4
     assert sweep_space("num_stages=3,5 SPLIT_K=1,2") == {"num_stages": (3, 5), "SPLIT_K": (1, 2)}
+    assert sweep_space("SPLIT_K=5,11") == {"SPLIT_K": (5, 11)}  # any count of pieces: 24 blocks x 11 = 2 per SM
     assert {c["SWAP_AB"] for c in grid} == {0}  # the MMA as shipped unless the space names SWAP_AB
     both = sweep_grid(1536, 8960, norm=False, space=sweep_space("SWAP_AB=0,1"))
     assert len(both) == 2 * len(sweep_grid(1536, 8960, norm=False)) and {c["SWAP_AB"] for c in both} == {0, 1}
     for bad, says in (("BK=", "whole numbers"), ("BK=x", "whole numbers"), ("stages=3", "KEY is one of"),
-                      ("BK", "whole numbers"), ("BK=64 BK=128", "each once"), ("SPLIT_K=0", "powers of two"),
+                      ("BK", "whole numbers"), ("BK=64 BK=128", "each once"), ("SPLIT_K=0", "from 1 to 64"),
                       ("BK=48", "powers of two"), ("BN=-16", "powers of two"), ("num_stages=0", ">= 1"),
                       ("BK=8", "powers of two from 16"), ("num_warps=64", "powers of two from 1 to 32"),
                       ("SWAP_AB=2", "0 or 1")):
@@ -54,7 +55,7 @@ def test_sweep_space_replaces_only_the_lists_it_names():
     (["--sweep", "--sweep-shapes", "w9"], "unknown launch(es) ['w9']"),
     (["--sweep", "--sweep-shapes", "w13", "--sweep-space", "SPLIT_K=8"], "leave w13 none to try"),
     (["--sweep", "--sweep-shapes", "wqkv", "--sweep-space", "BN=128"], "leave wqkv none to try"),
-    (["--sweep", "--sweep-space", "SPLIT_K=0"], "powers of two"),
+    (["--sweep", "--sweep-space", "SPLIT_K=0"], "whole numbers from 1"),
     (["--tuned", "no-such-tuned.json"], "not a sweep's tuned.json"),
 ])
 def test_gpu_rows_refuses_a_sweep_it_cannot_run_in_one_line_before_any_gpu_time(args, says, capsys):

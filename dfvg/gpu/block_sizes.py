@@ -64,13 +64,15 @@ def block_value_rule(key: str, value) -> str | None:
     """Why `value` cannot be a launch's `key` (None when it can), for the tools that take block sizes from a user
     (benchmarks/gpu_rows.py --sweep-space, ncu_step.py --config): a value Triton cannot build or that no table
     would hold is refused in one line before a device is asked for. BN and BK: powers of two from 16 (the MMA
-    tile) to 1024; split-K: powers of two to 64; warps: powers of two to 32 (1,024 threads); stages: >= 1;
-    SWAP_AB: 0 or 1."""
+    tile) to 1024; split-K: whole numbers to 64 (any count of K pieces: 24 output blocks split 11 ways fill two
+    programs on each of 132 SMs); warps: powers of two to 32 (1,024 threads); stages: >= 1; SWAP_AB: 0 or 1."""
     whole = isinstance(value, int) and not isinstance(value, bool)  # JSON's true is not a block size
     if key == "SWAP_AB":
         return None if whole and value in (0, 1) else "0 or 1"
     if key == "num_stages":
         return None if whole and value >= 1 else "whole numbers >= 1"
+    if key == "SPLIT_K":
+        return None if whole and 1 <= value <= 64 else "whole numbers from 1 to 64"
     low, high = (16, 1024) if key in ("BN", "BK") else (1, 32 if key == "num_warps" else 64)
     return None if whole and low <= value <= high and not value & (value - 1) else f"powers of two from {low} to {high}"
 

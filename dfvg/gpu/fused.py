@@ -46,6 +46,7 @@ from torch import Tensor
 
 from dfvg.gpu.block_sizes import adopt_gpu_table, linear_config
 from dfvg.gpu.decode_attention import INTERPRETED, attention, early_trigger_on, pdl_on
+from dfvg.gpu.gemv_stream import new_counters, row_counters, split_buffers
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.gpu.tree_rows import TreeRows
 
@@ -66,21 +67,26 @@ MAX_ROWS = 64  # new tokens per launch: MAX_ROWS / TILE_ROWS row tiles
 # benchmarks/gpu_modes.py runs it beside the shipped step (gpu_rows.py's launch modes).
 PREFETCH_COLUMNS = 0
 # With a SWAP_AB table entry (`block_sizes`), a pair's two weight blocks (gate and up; the two halves of a RoPE head)
-# are one stacked operand of one MMA per K step instead of two MMAs, each waited for (`gemv_stream._stream`).
-# Off until a lease times it: benchmarks/gpu_modes.py runs it beside the shipped step.
-STACKED_PAIR = False
+# are one stacked operand of one MMA per K step instead of two MMAs, each waited for (`gemv_stream._stream`). On an
+# H100 with its table, logits identical, the step unstacked against stacked in two runs: 1.032x and 1.020x at T = 1,
+# 1.06x at T = 64 (benchmarks/RESULTS.md, 2026-12-06 08:58 and 09:11 UTC). The H200's table has no SWAP_AB rows.
+STACKED_PAIR = True
 # Each GEMV launch loads its epilogue's inputs (the residual and bias; QKV's positions, cos, sin and cache slots) right
 # after its wait, before the weight loop, so their L2 round trips (QKV: position, then cos/sin at it) overlap the
-# stream instead of following it. Same values, so the same bits. Off until a lease times it (gpu_modes.py): the
-# inputs stay in registers through the loop.
+# stream instead of following it. Same values, so the same bits; the inputs stay in registers through the loop. Off:
+# on an H100, 0.994x per step at T = 1 with unstacked pairs, but 1.005x with STACKED_PAIR (both 2026-12-06).
 EPILOGUE_FIRST = False
+# The O launch also writes RMSNorm(x) * g of its output rows (`linear_then_norm`), so gate/up streams them without a
+# norm of its own (`gemv_stream._normalize_rows`). Off: on an H100 the step took 1.016x at T = 1 and 1.026x at T = 16
+# (one row tile: the O launch's serial tail costs more than gate/up saves), 0.965x at T = 17, 0.932x at T = 64.
+NORM_IN_PRODUCER = False
 
 if HAVE_TRITON:
     import triton
     import triton.language as tl
 
     from dfvg.gpu.decode_attention import _after_previous_launch, _let_next_launch_start
-    from dfvg.gpu.gemv_stream import _prefetch_weights, _program, _reduce_splits, _stream
+    from dfvg.gpu.gemv_stream import _normalize_rows, _prefetch_weights, _program, _reduce_splits, _stream
 
     @triton.jit
     def _linear_inputs(t0, n0, b_ptr, res_ptr, rows, N, need, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
@@ -122,8 +128,9 @@ if HAVE_TRITON:
                        HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr,
                        PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr,
-                       EARLY: tl.constexpr):
-        """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU."""
+                       EARLY: tl.constexpr, xn_ptr, gn_ptr, row_count_ptr, NORM_OUT: tl.constexpr):
+        """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU; with
+        NORM_OUT (= N; 0: none), also xn = RMSNorm(out) * gn (`gemv_stream._normalize_rows`)."""
         block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         n0 = block * BN
         n_rows = 2 * N if SWIGLU else N
@@ -141,6 +148,9 @@ if HAVE_TRITON:
         if not EARLY:
             bias, res = _linear_inputs(t0, n0, b_ptr, res_ptr, rows, N, last, HAS_BIAS, HAS_RES, BT, BN)
         _linear_out(acc, acc_up, bias, res, t0, n0, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES, BT, BN)
+        if NORM_OUT:
+            _normalize_rows(out_ptr, xn_ptr, gn_ptr, row_count_ptr, rows, t0, NORM_OUT, eps, last, tl.cdiv(N, BN),
+                            BT)
 
     @triton.jit
     def _rope_inputs(t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, rows, need, HEADS: tl.constexpr,
@@ -275,20 +285,6 @@ def _grid(cfg: dict, blocks: int, rows: int) -> tuple[int]:
     return (blocks * cfg["SPLIT_K"] * _cdiv(rows, TILE_ROWS),)
 
 
-def _split_buffers(cfg: dict, blocks: int, rows: int, k: int, device, counters: Tensor | None):
-    """(k_len, partials, counters) of a split-K launch: K columns per split, the float32 partial sums and the
-    zeroed per-tile counters (a caller's buffer, reset by the kernel after use, or a new one)."""
-    split, tiles = cfg["SPLIT_K"], blocks * _cdiv(rows, TILE_ROWS)
-    k_len = _cdiv(_cdiv(k, split), cfg["BK"]) * cfg["BK"]  # whole BK steps per split
-    if split == 1:
-        dummy = torch.empty(1, dtype=torch.int32, device=device)
-        return k_len, dummy, dummy
-    parts = torch.empty(tiles * split * 2 * TILE_ROWS * cfg["BN"], dtype=torch.float32, device=device)
-    if counters is None or counters.numel() < tiles:
-        counters = torch.zeros(tiles, dtype=torch.int32, device=device)
-    return k_len, parts, counters
-
-
 def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias: Tensor | None = None,
                  residual: Tensor | None = None, swiglu: bool = False, eps: float = 1e-6,
                  out_dtype: torch.dtype | None = None, config: dict | None = None,
@@ -296,20 +292,37 @@ def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias:
     """x [T, K] bf16 -> [T, N]: residual + (RMSNorm?(x) W^T + bias), or the SwiGLU pair of W's halves.
 
     weight [N, K] ([2N, K] with swiglu: gate rows then up rows, as `FeedForward.w13`); norm is the RMSNorm
-    weight; residual [T, N]; counters: a zeroed int32 scratch for split-K (one per forward suffices).
+    weight; residual [T, N]; counters: a zeroed int32 scratch for split-K (`new_counters`; one per forward).
     One launch; T <= MAX_ROWS; x's rows must be contiguous."""
+    return _linear(x, weight, norm, bias, residual, swiglu, eps, out_dtype, config, counters, None)[0]
+
+
+def linear_then_norm(x: Tensor, weight: Tensor, next_norm: Tensor, *, bias: Tensor | None = None,
+                     residual: Tensor | None = None, eps: float = 1e-6, config: dict | None = None,
+                     counters: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`fused_linear` (no input norm, no SwiGLU) that also returns RMSNorm(out) * next_norm, the next launch's
+    input (`NORM_IN_PRODUCER`), from the same launch: (out [T, N], normalized [T, N] bf16)."""
+    return _linear(x, weight, None, bias, residual, False, eps, None, config, counters, next_norm)
+
+
+def _linear(x: Tensor, weight: Tensor, norm, bias, residual, swiglu: bool, eps: float, out_dtype, config,
+            counters: Tensor | None, next_norm: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The launch behind `fused_linear` and `linear_then_norm`."""
     rows, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     cfg = _config(n, k, x.device, config)
     blocks = triton.cdiv(n, cfg["BN"])
-    k_len, parts, counters = _split_buffers(cfg, blocks, rows, k, x.device, counters)
+    k_len, parts, split_counters = split_buffers(cfg, blocks, rows, k, x.device, counters, TILE_ROWS)
     out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
+    normed = torch.empty_like(out) if next_norm is not None else None
     _linear_kernel[_grid(cfg, blocks, rows)](
         x, x.stride(0), norm if norm is not None else weight, weight, bias if bias is not None else weight,
-        residual if residual is not None else weight, out, parts, counters, rows, n, k, k_len, eps,
+        residual if residual is not None else weight, out, parts, split_counters, rows, n, k, k_len, eps,
         NORM=norm is not None, SWIGLU=swiglu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        F32=INTERPRETED, **_launch_options(x, weight, cfg, swiglu))
-    return out
+        F32=INTERPRETED, **_launch_options(x, weight, cfg, swiglu), xn_ptr=out if normed is None else normed,
+        gn_ptr=weight if next_norm is None else next_norm, row_count_ptr=row_counters(counters, x.device),
+        NORM_OUT=0 if next_norm is None else n)
+    return out, normed
 
 
 def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: Tensor, cos: Tensor,
@@ -322,7 +335,7 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
     cfg = _config(weight.shape[0], k, x.device, config)
     cfg["BN"] = min(cfg["BN"], hd // 2)
     blocks = (heads + 2 * kv_heads) * (hd // 2 // cfg["BN"])
-    k_len, parts, counters = _split_buffers(cfg, blocks, rows, k, x.device, counters)
+    k_len, parts, counters = split_buffers(cfg, blocks, rows, k, x.device, counters, TILE_ROWS)
     q = torch.empty(rows, heads * hd, dtype=x.dtype, device=x.device)
     _qkv_rope_kernel[_grid(cfg, blocks, rows)](
         x, norm, weight, bias if bias is not None else weight, pos, pos if slots is None else slots, cos, sin, q,
@@ -330,14 +343,6 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
         k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None, F32=INTERPRETED,
         **_launch_options(x, weight, cfg, True))
     return q
-
-
-COUNTERS = 16384  # split-K counters one forward shares (output tiles of its widest split launch)
-
-
-def new_counters(device) -> Tensor:
-    """Zeroed split-K counters for one forward: every launch of it reuses them (each resets what it used)."""
-    return torch.zeros(COUNTERS, dtype=torch.int32, device=device)
 
 
 def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, vc: Tensor, w: tuple,
@@ -351,8 +356,13 @@ def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, 
     counters = counters if counters is not None else new_counters(x.device)
     slots, links = (tree.slots, (tree.root, tree.ancestors)) if tree is not None else (None, None)
     q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims, counters=counters, slots=slots)
-    x = fused_linear(attention(q, kc, vc, pos, dims, links), wo, bias=wo_b, residual=x, counters=counters)
-    h = fused_linear(x, w13, norm=ffn_norm, swiglu=True, eps=eps, counters=counters)
+    attended = attention(q, kc, vc, pos, dims, links)
+    if NORM_IN_PRODUCER:
+        x, normed = linear_then_norm(attended, wo, ffn_norm, bias=wo_b, residual=x, eps=eps, counters=counters)
+        h = fused_linear(normed, w13, swiglu=True, counters=counters)
+    else:
+        x = fused_linear(attended, wo, bias=wo_b, residual=x, counters=counters)
+        h = fused_linear(x, w13, norm=ffn_norm, swiglu=True, eps=eps, counters=counters)
     return fused_linear(h, w2, residual=x, counters=counters)
 
 

@@ -1,5 +1,6 @@
 """The weight stream under every fused GEMV launch (`dfvg.gpu.fused`): the K loop, RMSNorm's prologue and
-the fixed-order split-K reduction, for one 16-row tile of rows per program.
+the fixed-order split-K reduction, for one 16-row tile of rows per program; and the scratch buffers those
+reductions count in.
 
 Why here and not in `fused`: both launches (QKV + RoPE, and the plain/SwiGLU/residual linear) run this same
 loop and differ only in their epilogues; the rules that make rows batch-invariant live in one place:
@@ -10,7 +11,13 @@ tile, measured slower above 16 rows and was removed: benchmarks/RESULTS.md, 2026
 
 from __future__ import annotations
 
+import torch
+from torch import Tensor
+
 from dfvg.gpu.kernels import HAVE_TRITON
+
+COUNTERS = 16384  # split-K counters one forward shares (output tiles of its widest split launch)
+ROW_COUNTERS = 4  # after them, per row tile of a launch (64 rows at most), its output blocks stored (`_normalize_rows`)
 
 if HAVE_TRITON:
     import triton
@@ -19,12 +26,13 @@ if HAVE_TRITON:
     from dfvg.gpu.decode_attention import _dot
 
     @triton.jit
-    def _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT: tl.constexpr, BK: tl.constexpr):
-        """Rows t0..t0+BT, columns k0..k0+BK of x as float32 (zeros past rows and K)."""
+    def _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT: tl.constexpr, BK: tl.constexpr, FROM_L2: tl.constexpr = False):
+        """Rows t0..t0+BT, columns k0..k0+BK of x as float32 (zeros past rows and K); FROM_L2: past L1, for rows
+        other programs of this launch wrote (`_normalize_rows`)."""
         t = t0 + tl.arange(0, BT)
         k = k0 + tl.arange(0, BK)
         return tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
-                       other=0.0).to(tl.float32)
+                       other=0.0, cache_modifier=".cg" if FROM_L2 else "").to(tl.float32)
 
     @triton.jit
     def _w_tile(w_ptr, row0, n_rows, K, k0, BN: tl.constexpr, BK: tl.constexpr):
@@ -96,7 +104,8 @@ if HAVE_TRITON:
                     pack=1)
 
     @triton.jit
-    def _inv_rms(x_ptr, x_stride, rows, t0, K: tl.constexpr, eps, BT: tl.constexpr, BK: tl.constexpr):
+    def _inv_rms(x_ptr, x_stride, rows, t0, K: tl.constexpr, eps, BT: tl.constexpr, BK: tl.constexpr,
+                 FROM_L2: tl.constexpr = False):
         """1/RMS of rows t0..t0+BT of x [BT], summed in fixed BK steps (the same order for every row count).
 
         Unrolled, so every load of x is in flight at once: a loop kept each weight load of the launch waiting
@@ -104,7 +113,7 @@ if HAVE_TRITON:
         product measured slower still: the QKV launch 15.6 against 11.0 us, H200, 2026-12-04.)"""
         sum_sq = tl.zeros((BT,), tl.float32)
         for k0 in tl.static_range(0, K, BK):
-            x = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK)
+            x = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK, FROM_L2)
             sum_sq += tl.sum(x * x, axis=1)
         return tl.rsqrt(sum_sq / K + eps)
 
@@ -126,11 +135,35 @@ if HAVE_TRITON:
         return g
 
     @triton.jit
+    def _normalize_rows(out_ptr, xn_ptr, g_ptr, row_count_ptr, rows, t0, D: tl.constexpr, eps, last, BLOCKS,
+                        BT: tl.constexpr):
+        """`fused.NORM_IN_PRODUCER`: once every output block of rows t0..t0+BT of out [rows, D] is stored, the
+        program that stored the last of them writes RMSNorm(out) * g of those rows to xn, as `_a_tile` computes
+        it, and resets the row tile's counter. `last`: this program stored an output block (the last split).
+
+        Why: the next launch (gate/up) then streams xn as it is. Normalizing there costs it 4.1-4.5 us of its
+        ~26 (benchmarks/norm_cost.py, H100): every program of it scales each x tile by 1/RMS and g between two
+        barriers in every K step. Here it is done once per row, by one program, after the others' stores are
+        visible (the split-K rule: store, barrier, counter; the last reads past L1)."""
+        tl.debug_barrier()
+        rt = t0 // BT
+        done = tl.atomic_add(row_count_ptr + rt, 1, mask=last)
+        if last & (done == BLOCKS - 1):
+            rstd = _inv_rms(out_ptr, D, rows, t0, D, eps, BT, 512, True)
+            t = t0 + tl.arange(0, BT)
+            for k0 in tl.static_range(0, D, 512):
+                g = _norm_weights(g_ptr, k0, D, True, 512)
+                xn = _a_tile(out_ptr, D, rows, t0, D, k0, rstd, g, True, BT, 512, True)
+                k = k0 + tl.arange(0, 512)
+                tl.store(xn_ptr + t[:, None] * D + k[None, :], xn, mask=(t[:, None] < rows) & (k[None, :] < D))
+            tl.atomic_xchg(row_count_ptr + rt, 0)
+
+    @triton.jit
     def _a_tile(x_ptr, x_stride, rows, t0, K, k0, rstd, g, NORM: tl.constexpr, BT: tl.constexpr,
-                BK: tl.constexpr):
+                BK: tl.constexpr, FROM_L2: tl.constexpr = False):
         """Rows t0..t0+BT of A at columns k0..k0+BK as the bf16 MMA operand; with NORM, A = RMSNorm(x) * g,
         rounded as `dfvg.model.RMSNorm` rounds."""
-        a = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK)
+        a = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK, FROM_L2)
         if NORM:
             a = (a * rstd[:, None]).to(tl.bfloat16).to(tl.float32) * g
         return a.to(tl.bfloat16)
@@ -224,3 +257,31 @@ if HAVE_TRITON:
         rt = pid % row_tiles
         block = pid // (row_tiles * SPLIT_K)
         return block, (pid // row_tiles) % SPLIT_K, rt * BT, block * row_tiles + rt
+
+
+def new_counters(device) -> Tensor:
+    """Zeroed counters for one forward (split-K's, then the row tiles'): every launch of it reuses them, and each
+    resets what it used."""
+    return torch.zeros(COUNTERS + ROW_COUNTERS, dtype=torch.int32, device=device)
+
+
+def row_counters(counters: Tensor | None, device) -> Tensor:
+    """The row-tile counters of a forward's scratch (`new_counters`), or new zeroed ones."""
+    if counters is not None and counters.numel() >= COUNTERS + ROW_COUNTERS:
+        return counters[COUNTERS:]
+    return torch.zeros(ROW_COUNTERS, dtype=torch.int32, device=device)
+
+
+def split_buffers(cfg: dict, blocks: int, rows: int, k: int, device, counters: Tensor | None, tile_rows: int):
+    """(k_len, partials, counters) of a split-K launch: K columns per split, the float32 partial sums and the
+    zeroed per-tile counters (a caller's buffer, reset by the kernel after use, or a new one)."""
+    split, tiles = cfg["SPLIT_K"], blocks * -(-rows // tile_rows)
+    per_split = -(-k // split)
+    k_len = -(-per_split // cfg["BK"]) * cfg["BK"]  # whole BK steps per split
+    if split == 1:
+        dummy = torch.empty(1, dtype=torch.int32, device=device)
+        return k_len, dummy, dummy
+    parts = torch.empty(tiles * split * 2 * tile_rows * cfg["BN"], dtype=torch.float32, device=device)
+    if counters is None or counters.numel() < tiles:
+        counters = torch.zeros(tiles, dtype=torch.int32, device=device)
+    return k_len, parts, counters
