@@ -27,7 +27,7 @@ def current_mode() -> dict:
     return {"pdl": decode_attention.PDL, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
             "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS,
             "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER, "stack": fused.STACKED_PAIR,
-            "early": fused.EPILOGUE_FIRST, "norm_in_producer": fused.NORM_IN_PRODUCER}
+            "early": fused.EPILOGUE_FIRST, "norm_in_producer": fused.NORM_IN_PRODUCER_ABOVE}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
@@ -37,7 +37,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     table: with SWAP_AB the rows are the MMA's N side, though taller tiles measured slower there too), each table
     with a SWAP_AB entry with `fused.STACKED_PAIR` flipped (a swapped pair's two blocks as one MMA operand), the
     shipped step with `fused.EPILOGUE_FIRST` flipped (residual, bias, RoPE's tables loaded before the weight loop),
-    with `fused.NORM_IN_PRODUCER` flipped (gate/up's RMSNorm done once by the O launch), and the GEMVs streaming
+    with gate/up's RMSNorm its own, or done once by the O launch at every row count or over one row tile
+    (`fused.NORM_IN_PRODUCER_ABOVE`: the two other than shipped), and the GEMVs streaming
     ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
     shipped = current_mode()
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
@@ -54,8 +55,10 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
               for name, rows in tables.items() if any(config.get("SWAP_AB") for _n, _k, config in rows)}
     first = "after its weight loop" if shipped["early"] else "before its weight loop"  # fused.EPILOGUE_FIRST flipped
     modes[f"shipped, each launch's epilogue inputs loaded {first}"] = {**shipped, "early": not shipped["early"]}
-    by = "by gate/up" if shipped["norm_in_producer"] else "once by the O launch"  # fused.NORM_IN_PRODUCER flipped
-    modes[f"shipped, gate/up's RMSNorm done {by}"] = {**shipped, "norm_in_producer": not shipped["norm_in_producer"]}
+    norms = {None: "its own at every row count", 0: "done once by the O launch",  # fused.NORM_IN_PRODUCER_ABOVE
+             16: "done once by the O launch over 16 rows"}
+    modes |= {f"shipped, gate/up's RMSNorm {which}": {**shipped, "norm_in_producer": above}
+              for above, which in norms.items() if above != shipped["norm_in_producer"]}
     ahead = {(0, True): "next launch triggered after the weight loop"}
     for columns in PREFETCHES:
         ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",
@@ -69,7 +72,7 @@ def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     fused.TILE_ROWS = mode["tile_rows"]
     fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER = mode["prefetch"], mode["trigger"]
     fused.STACKED_PAIR, fused.EPILOGUE_FIRST = mode["stack"], mode["early"]
-    fused.NORM_IN_PRODUCER = mode["norm_in_producer"]
+    fused.NORM_IN_PRODUCER_ABOVE = mode["norm_in_producer"]
     decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
     decode_attention.SPLIT_PROGRAMS_PER_SM = mode["split_programs"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's

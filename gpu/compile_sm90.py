@@ -16,7 +16,7 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
                                                  # one launch over block sizes (gpu_rows.py --sweep-space's words)
     python gpu/compile_sm90.py --gpu H100 16      # the table an H100 runs (block_sizes.GPU_TABLES), not the H200's
     python gpu/compile_sm90.py --epilogue-first --unstacked 16  # fused.EPILOGUE_FIRST on / fused.STACKED_PAIR off
-    python gpu/compile_sm90.py --norm-in-producer 16   # fused.NORM_IN_PRODUCER on: O normalizes for gate/up
+    python gpu/compile_sm90.py --norm-in-producer 16   # fused.NORM_IN_PRODUCER_ABOVE 0: O normalizes for gate/up
 """
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
     if what.startswith("qkv"):
         consts = {**common, "HEADS": 12, "KV_HEADS": 2, "HD": 128, "HAS_BIAS": True, "BN": min(cfg["BN"], 64)}
         return compiled(fused._qkv_rope_kernel, QKV, consts, cfg)
-    produces = fused.NORM_IN_PRODUCER and what.startswith("o proj")  # then gate/up takes x normalized
-    consts = {**common, "NORM": "norm" in what and not (fused.NORM_IN_PRODUCER and "gate" in what),
+    normalized = fused.NORM_IN_PRODUCER_ABOVE is not None  # the O launch normalizes gate/up's input
+    produces = normalized and what.startswith("o proj")
+    consts = {**common, "NORM": "norm" in what and not (normalized and "gate" in what),
               "SWIGLU": "gate" in what, "HAS_BIAS": False, "HAS_RES": "residual" in what, "BN": cfg["BN"],
               "NORM_OUT": shape[0] if produces else 0}
     return compiled(fused._linear_kernel, LINEAR, consts, cfg)
@@ -189,8 +190,9 @@ def main(argv: list[str]) -> None:
     ahead = "--stream-ahead" in argv
     fused.EPILOGUE_FIRST = fused.EPILOGUE_FIRST or "--epilogue-first" in argv
     fused.STACKED_PAIR = fused.STACKED_PAIR and "--unstacked" not in argv
-    fused.NORM_IN_PRODUCER = fused.NORM_IN_PRODUCER or "--norm-in-producer" in argv
-    argv = [a for a in argv if a not in ("--stream-ahead", "--epilogue-first", "--unstacked", "--norm-in-producer")]
+    fused.NORM_IN_PRODUCER_ABOVE = 0 if "--norm-in-producer" in argv else fused.NORM_IN_PRODUCER_ABOVE
+    switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--norm-in-producer")
+    argv = [a for a in argv if a not in switches]
     shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
     gpu = _option(argv, "--gpu", "H100")
     if gpu is not None:

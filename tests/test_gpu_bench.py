@@ -250,7 +250,7 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
                "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS,
                "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER,
                "stack": fused.STACKED_PAIR, "early": fused.EPILOGUE_FIRST,
-               "norm_in_producer": fused.NORM_IN_PRODUCER}
+               "norm_in_producer": fused.NORM_IN_PRODUCER_ABOVE}
     assert sum(mode == shipped for mode in modes.values()) == 1
     ahead = [(mode["prefetch"], mode["trigger"]) for name, mode in modes.items() if "prefetch" in name or
              "trigger" in name]  # the GEMVs streaming ahead: each switch, then both, beside the shipped pair
@@ -263,11 +263,12 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     flipped = "unstacked" if shipped["stack"] else "stacked"  # only where a table has SWAP_AB launches
     assert modes[f"swept block sizes, swapped pairs {flipped}"] == {**shipped, "table": "swept",
                                                                      "stack": not shipped["stack"]}
-    assert f"shipped block sizes, swapped pairs {flipped}" not in modes  # the H200's table: nothing to stack
+    assert f"shipped block sizes, swapped pairs {flipped}" not in modes  # TUNED (no GPU here): nothing to stack
     early = [mode for name, mode in modes.items() if "epilogue inputs" in name]
     assert early == [{**shipped, "early": not shipped["early"]}]
     norm = [mode for name, mode in modes.items() if "gate/up's RMSNorm" in name]
-    assert norm == [{**shipped, "norm_in_producer": not shipped["norm_in_producer"]}]
+    others = [above for above in (None, 0, 16) if above != fused.NORM_IN_PRODUCER_ABOVE]
+    assert norm == [{**shipped, "norm_in_producer": above} for above in others] and len(norm) == 2
     try:
         gpu_modes._set_mode(before, tables)
         assert decode_attention.SPLIT_PROGRAMS_PER_SM is None and not decode_attention.SHARE_KV
@@ -280,14 +281,14 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
         gpu_modes._set_mode(early[0], tables)
         assert fused.EPILOGUE_FIRST != shipped["early"]
         gpu_modes._set_mode(norm[0], tables)
-        assert fused.NORM_IN_PRODUCER != shipped["norm_in_producer"]
+        assert fused.NORM_IN_PRODUCER_ABOVE == norm[0]["norm_in_producer"] != shipped["norm_in_producer"]
         gpu_modes._set_mode(modes["shipped, 512-column prefetch and early trigger"], tables)
         assert fused.PREFETCH_COLUMNS == 512 and decode_attention.EARLY_TRIGGER
     finally:
         gpu_modes._set_mode(shipped, tables)
     assert decode_attention.SHARE_KV and block_sizes.tuned_rows() == tables["shipped"] and fused.TILE_ROWS == 16
     assert fused.STACKED_PAIR == shipped["stack"] and fused.EPILOGUE_FIRST == shipped["early"]
-    assert fused.NORM_IN_PRODUCER == shipped["norm_in_producer"]
+    assert fused.NORM_IN_PRODUCER_ABOVE == shipped["norm_in_producer"]
     assert (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER) == (shipped["prefetch"], shipped["trigger"])
     # the fastest table is chosen among the modes with the shipped switches only (a table is tuned for one tile
     # height; a faster switch, e.g. the weight prefetch, must not make the shipped table win)

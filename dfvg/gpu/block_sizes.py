@@ -37,21 +37,20 @@ TUNED: dict[tuple[int, int], dict] = {
 }
 
 
-# Rows measured on another GPU, which replace TUNED's on that GPU (`adopt_gpu_table`, by a part of the device's
-# name). The H100: every launch but the LM head with SWAP_AB (weights as the wgmma's M side), swept on an H100 80GB
-# HBM3 for T = 1, 5, 17 and 64 rows together (benchmarks/gpu_rows.py --sweep, 2026-12-06 06:40-07:00 UTC,
-# benchmarks/h100_2026-12-06c): against TUNED on the same card, in alternating rounds, the step took 0.986x at
-# T = 1, 0.985x at T = 5, 0.87x at T = 33 and 0.86x at T = 64 (context 512), every row bit-identical to its one-row
-# step.
-# Not yet timed on an H200, whose own sweep chose TUNED.
-GPU_TABLES: dict[str, dict[tuple[int, int], dict]] = {
-    "H100": {
-        (2048, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 3, "SWAP_AB": 1},
-        (1536, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3, "SWAP_AB": 1},
-        (8960, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3, "SWAP_AB": 1},
-        (1536, 8960): {"BN": 64, "BK": 64, "SPLIT_K": 4, "num_warps": 4, "num_stages": 6, "SWAP_AB": 1},
-    },
+# Rows measured on other GPUs, which replace TUNED's on those GPUs (`adopt_gpu_table`, by a part of the device's
+# name). Hopper (H100 and H200): every launch but the LM head with SWAP_AB (weights as the wgmma's M side), swept on
+# an H100 80GB HBM3 for T = 1, 5, 17 and 64 rows together (benchmarks/gpu_rows.py --sweep, 2026-12-06 06:40-07:00
+# UTC, benchmarks/h100_2026-12-06c). Against TUNED on the same card, in alternating rounds, the step took (context
+# 512): on that H100 0.986x at T = 1, 0.985x at T = 5, 0.87x at T = 33 and 0.86x at T = 64; on an H200, with
+# `fused.STACKED_PAIR`, 0.972x at T = 1, 0.971x at T = 5, 0.817x at T = 33 and 0.828x at T = 64 (2026-12-06 09:58 UTC,
+# benchmarks/h200_2026-12-06). Every row stays bit-identical to its one-row step on both.
+HOPPER = {
+    (2048, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 3, "SWAP_AB": 1},
+    (1536, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3, "SWAP_AB": 1},
+    (8960, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3, "SWAP_AB": 1},
+    (1536, 8960): {"BN": 64, "BK": 64, "SPLIT_K": 4, "num_warps": 4, "num_stages": 6, "SWAP_AB": 1},
 }
+GPU_TABLES: dict[str, dict[tuple[int, int], dict]] = {"H100": HOPPER, "H200": HOPPER}
 _GIVEN: set[tuple[int, int]] = set()  # shapes `apply_tuned` set (a sweep, --tuned): a GPU's table leaves them
 _ADOPTED: set[str] = set()  # GPU names whose table is in TUNED
 
@@ -111,7 +110,7 @@ def read_tuned(path: str) -> list[list]:
 def adopt_gpu_table(gpu_name: str) -> None:
     """Once per GPU name: the rows of `GPU_TABLES` measured on this GPU (matched by a part of its name) into
     `TUNED`, except the shapes a sweep or a --tuned file gave. Why per GPU: the best blocks differ between cards
-    of one architecture (an H100 gains from the swapped MMA where the H200's table predates it), and a table is
+    and architectures (Hopper gains from the swapped MMA, which an sm_80 card has no wgmma for), and a table is
     keyed by weight shape only, never by T, so a verify row still computes what a one-row step computes."""
     if gpu_name in _ADOPTED:
         return

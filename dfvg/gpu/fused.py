@@ -63,23 +63,25 @@ MAX_ROWS = 64  # new tokens per launch: MAX_ROWS / TILE_ROWS row tiles
 # (K) would ask for a whole launch's first wave at once, about L2's size for the gate/up and LM head launches:
 # lines could be evicted before they are read, hence a bound to time. (A first version, in which every thread
 # issued the row prefetches, cost 1.28-1.47x per step in redundant L2 requests: benchmarks/RESULTS.md, "Issue 16,
-# 2026-12-04 (14:55-15:22 UTC)"; here each thread asks for its own piece.) Off until a lease times it:
-# benchmarks/gpu_modes.py runs it beside the shipped step (gpu_rows.py's launch modes).
+# 2026-12-04 (14:55-15:22 UTC)"; here each thread asks for its own piece.) Off: timed 1.02x (2026-12-05, H100).
 PREFETCH_COLUMNS = 0
 # With a SWAP_AB table entry (`block_sizes`), a pair's two weight blocks (gate and up; the two halves of a RoPE head)
 # are one stacked operand of one MMA per K step instead of two MMAs, each waited for (`gemv_stream._stream`). On an
-# H100 with its table, logits identical, the step unstacked against stacked in two runs: 1.032x and 1.020x at T = 1,
-# 1.06x at T = 64 (benchmarks/RESULTS.md, 2026-12-06 08:58 and 09:11 UTC). The H200's table has no SWAP_AB rows.
+# H100 with the Hopper table, logits identical, the step unstacked against stacked: 1.032x and 1.020x at T = 1, 1.06x
+# at T = 64 (two runs); on an H200 1.047x at T = 1 (benchmarks/RESULTS.md, 2026-12-06). TUNED has no SWAP_AB rows.
 STACKED_PAIR = True
 # Each GEMV launch loads its epilogue's inputs (the residual and bias; QKV's positions, cos, sin and cache slots) right
 # after its wait, before the weight loop, so their L2 round trips (QKV: position, then cos/sin at it) overlap the
 # stream instead of following it. Same values, so the same bits; the inputs stay in registers through the loop. Off:
 # on an H100, 0.994x per step at T = 1 with unstacked pairs, but 1.005x with STACKED_PAIR (both 2026-12-06).
 EPILOGUE_FIRST = False
-# The O launch also writes RMSNorm(x) * g of its output rows (`linear_then_norm`), so gate/up streams them without a
-# norm of its own (`gemv_stream._normalize_rows`). Off: on an H100 the step took 1.016x at T = 1 and 1.026x at T = 16
-# (one row tile: the O launch's serial tail costs more than gate/up saves), 0.965x at T = 17, 0.932x at T = 64.
-NORM_IN_PRODUCER = False
+# Launches of more rows than this take gate/up's input normalized by the O launch (`linear_then_norm`,
+# `gemv_stream._normalize_rows`), so gate/up streams it without a norm of its own (None: never; 0: every launch). A
+# row's bits do not depend on which launch normalized it: both sum its squares in `_inv_rms`'s order (tl.sum over
+# 16-row tiles, warps along rows: 4 in the O launch, 8 in gate/up), checked on the GPU by tests/test_gpu_fused.py
+# and by gpu_rows.py's whole-model rows. T <= 16 unchanged; T = 17 0.979x (H100) and 0.959x (H200), T = 64 0.938x and
+# 0.923x. For every launch (0): 1.016x at T = 1 (H100; the O launch's serial tail costs more than gate/up saves).
+NORM_IN_PRODUCER_ABOVE: int | None = 16
 
 if HAVE_TRITON:
     import triton
@@ -301,7 +303,7 @@ def linear_then_norm(x: Tensor, weight: Tensor, next_norm: Tensor, *, bias: Tens
                      residual: Tensor | None = None, eps: float = 1e-6, config: dict | None = None,
                      counters: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`fused_linear` (no input norm, no SwiGLU) that also returns RMSNorm(out) * next_norm, the next launch's
-    input (`NORM_IN_PRODUCER`), from the same launch: (out [T, N], normalized [T, N] bf16)."""
+    input (`NORM_IN_PRODUCER_ABOVE`), from the same launch: (out [T, N], normalized [T, N] bf16)."""
     return _linear(x, weight, None, bias, residual, False, eps, None, config, counters, next_norm)
 
 
@@ -357,7 +359,7 @@ def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, 
     slots, links = (tree.slots, (tree.root, tree.ancestors)) if tree is not None else (None, None)
     q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims, counters=counters, slots=slots)
     attended = attention(q, kc, vc, pos, dims, links)
-    if NORM_IN_PRODUCER:
+    if NORM_IN_PRODUCER_ABOVE is not None and x.shape[0] > NORM_IN_PRODUCER_ABOVE:
         x, normed = linear_then_norm(attended, wo, ffn_norm, bias=wo_b, residual=x, eps=eps, counters=counters)
         h = fused_linear(normed, w13, swiglu=True, counters=counters)
     else:
