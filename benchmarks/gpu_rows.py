@@ -49,7 +49,7 @@ from benchmarks.gpu_modes import TALL_TILES, fastest_table, launch_modes  # noqa
 from benchmarks.gpu_report import copy_tb_s  # noqa: E402
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
 from dfvg.errors import OneLineParser, UserError  # noqa: E402
-from dfvg.gpu import block_sizes, fused  # noqa: E402
+from dfvg.gpu import block_sizes, fused, gemv_stream  # noqa: E402
 from dfvg.gpu.graphs import GraphModel, capture_graph  # noqa: E402
 
 ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 32, 64)
@@ -66,17 +66,17 @@ def shapes(cfg) -> dict[str, tuple[int, int, dict]]:
 
 
 def sweep_grid(n: int, k: int, norm: bool, space: dict[str, tuple[int, ...]] | None = None) -> list[dict]:
-    """Block sizes to try: split-K where the output blocks alone leave SMs idle (< 4 per SM); launches with
-    RMSNorm read the whole row first, so they split only up to 4 ways. BN 128 for wide weights: each weight
-    block's program reads its rows of x (twice with RMSNorm), so x's traffic from L2 is ~2 T / BN of the weight
-    bytes, which a many-row verify feels (benchmarks/RESULTS.md, 2026-12-04 17:48 UTC). `space` replaces any of
-    the value lists (`sweep_space`), e.g. deeper pipelines of narrower K steps."""
+    """Block sizes to try: split-K where the output blocks alone leave SMs idle (< 4 per SM), every split with a BK
+    step; launches with RMSNorm read the whole row first, so split only up to 4 ways. BN 128 for wide weights: x's
+    L2 traffic is ~2 T / BN of the weight bytes, which a many-row verify feels (RESULTS.md, 2026-12-04 17:48 UTC).
+    `space` replaces any of the value lists (`sweep_space`), e.g. deeper pipelines of narrower K steps."""
     space = {"BN": (16, 32, 64, 128) if n >= 4096 else (16, 32, 64), "BK": (128, 256), "SPLIT_K": (1, 2, 4, 8),
              "num_warps": (4, 8), "num_stages": (3, 4), "SWAP_AB": (0,)} | (space or {})
     return [{"BN": bn, "BK": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": stages, "SWAP_AB": swap}
             for swap in space["SWAP_AB"] for bn in space["BN"] for bk in space["BK"] for split in space["SPLIT_K"]
             for warps in space["num_warps"] for stages in space["num_stages"]
-            if (split == 1 or (-(-n // bn) * split <= 2400 and (split <= 4 or not norm))) and k // split >= bk]
+            if (split == 1 or (-(-n // bn) * split <= 2400 and (split <= 4 or not norm)))
+            and (split - 1) * gemv_stream.split_columns(k, split, bk) < k]
 
 
 def sweep_space(text: str) -> dict[str, tuple[int, ...]]:

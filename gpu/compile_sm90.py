@@ -16,7 +16,7 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
                                                  # one launch over block sizes (gpu_rows.py --sweep-space's words)
     python gpu/compile_sm90.py --gpu H100 16      # the table an H100 runs (block_sizes.GPU_TABLES), not the H200's
     python gpu/compile_sm90.py --epilogue-first --unstacked 16  # fused.EPILOGUE_FIRST on / fused.STACKED_PAIR off
-    python gpu/compile_sm90.py --norm-in-producer 16   # fused.NORM_IN_PRODUCER_ABOVE 0: O normalizes for gate/up
+    python gpu/compile_sm90.py --over-16-rows 16      # a launch over 16 rows: O normalizes for gate/up
 """
 
 from __future__ import annotations
@@ -62,7 +62,13 @@ def compiled(fn, types: dict, consts: dict, cfg: dict):
                           options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
 
 
-def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict | None = None):
+# Compile the launches of a step over 16 rows (`fused.NORM_IN_PRODUCER_ABOVE`): the O launch normalizes gate/up's
+# input, and gate/up has no norm of its own. Off: the launches of a step of up to 16 rows, as T = 1 runs them.
+OVER_ONE_TILE = False
+
+
+def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict | None = None,
+                    over_one_tile: bool | None = None):
     """The target's launch on weight `shape` with `height`-row tiles, compiled for sm_90 (its shipped block sizes,
     or `cfg`); `ahead`: with the weight prefetch of 512 columns and the early trigger (fused.PREFETCH_COLUMNS,
     decode_attention.EARLY_TRIGGER)."""
@@ -74,7 +80,7 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
     if what.startswith("qkv"):
         consts = {**common, "HEADS": 12, "KV_HEADS": 2, "HD": 128, "HAS_BIAS": True, "BN": min(cfg["BN"], 64)}
         return compiled(fused._qkv_rope_kernel, QKV, consts, cfg)
-    normalized = fused.NORM_IN_PRODUCER_ABOVE is not None  # the O launch normalizes gate/up's input
+    normalized = OVER_ONE_TILE if over_one_tile is None else over_one_tile  # the O launch normalizes for gate/up
     produces = normalized and what.startswith("o proj")
     consts = {**common, "NORM": "norm" in what and not (normalized and "gate" in what),
               "SWIGLU": "gate" in what, "HAS_BIAS": False, "HAS_RES": "residual" in what, "BN": cfg["BN"],
@@ -190,8 +196,9 @@ def main(argv: list[str]) -> None:
     ahead = "--stream-ahead" in argv
     fused.EPILOGUE_FIRST = fused.EPILOGUE_FIRST or "--epilogue-first" in argv
     fused.STACKED_PAIR = fused.STACKED_PAIR and "--unstacked" not in argv
-    fused.NORM_IN_PRODUCER_ABOVE = 0 if "--norm-in-producer" in argv else fused.NORM_IN_PRODUCER_ABOVE
-    switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--norm-in-producer")
+    global OVER_ONE_TILE
+    OVER_ONE_TILE = "--over-16-rows" in argv
+    switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--over-16-rows")
     argv = [a for a in argv if a not in switches]
     shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
     gpu = _option(argv, "--gpu", "H100")

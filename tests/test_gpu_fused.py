@@ -518,3 +518,15 @@ def test_o_launch_normalizes_for_gate_up_on_gpu():
         pytest.skip("needs a CUDA GPU with Triton")
     failures, gap, again, layer_err = norm_in_producer_checks("cuda")
     assert failures == 0 and gap == 0.0 and again == 1.0 and layer_err < 2e-2, (failures, gap, again, layer_err)
+
+
+def test_a_one_warp_launch_keeps_gate_ups_own_norm():
+    """With 1 warp the O launch's 1/RMS would sum a row in another order than gate/up's (tests/test_gpu_tools.py
+    compiles both), so `fused._norms_alike` keeps gate/up's own norm at every row count then."""
+    from dfvg.gpu import fused
+    from dfvg.gpu.block_sizes import linear_config
+
+    wo, w13 = torch.empty(1536, 1536), torch.empty(2 * 8960, 1536)
+    assert fused._norms_alike(wo, w13, torch.device("cpu"))
+    with fused_switch("linear_config", lambda n, k: {**linear_config(n, k), "num_warps": 1 if n == k else 8}):
+        assert not fused._norms_alike(wo, w13, torch.device("cpu"))

@@ -15,13 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_sweep_grid_tries_wide_blocks_for_wide_weights_only():
     """BN 128 (x read from L2 4x less often by a many-row verify) for the gate/up and LM-head shapes; RMSNorm
-    launches split K at most 4 ways; no split leaves a program less than one BK step."""
+    launches split K at most 4 ways; no split is left without a BK step (split-K of any count: 11 splits of 1536
+    columns in 256-column pieces would leave 5 empty)."""
     from benchmarks.gpu_rows import sweep_grid
+    from dfvg.gpu.gemv_stream import split_columns
 
     wide, narrow = sweep_grid(8960, 1536, norm=True), sweep_grid(1536, 1536, norm=False)
     assert {c["BN"] for c in wide} == {16, 32, 64, 128} and {c["BN"] for c in narrow} == {16, 32, 64}
     assert max(c["SPLIT_K"] for c in wide) <= 4
-    assert all(1536 // c["SPLIT_K"] >= c["BK"] for c in wide + narrow)
+    assert all((c["SPLIT_K"] - 1) * split_columns(1536, c["SPLIT_K"], c["BK"]) < 1536 for c in wide + narrow)
+    assert {c["SPLIT_K"] for c in sweep_grid(1536, 1536, False, {"SPLIT_K": (6, 11), "BK": (128,)})} == {6}
 
 
 def test_sweep_space_replaces_only_the_lists_it_names():
@@ -33,7 +36,7 @@ def test_sweep_space_replaces_only_the_lists_it_names():
     grid = sweep_grid(1536, 8960, norm=False, space=space)
     assert {c["BK"] for c in grid} == {64, 512} and {c["num_stages"] for c in grid} == {5, 6}
     assert {c["BN"] for c in grid} == {16, 32, 64} and {c["num_warps"] for c in grid} == {4, 8}
-    assert all(8960 // c["SPLIT_K"] >= c["BK"] for c in grid)
+    assert all(8960 // c["SPLIT_K"] >= c["BK"] for c in grid)  # (every split has a BK step)
     assert max(c["SPLIT_K"] for c in sweep_grid(8960, 1536, norm=True, space=space)) <= 4
     assert sweep_space("num_stages=3,5 SPLIT_K=1,2") == {"num_stages": (3, 5), "SPLIT_K": (1, 2)}
     assert sweep_space("SPLIT_K=5,11") == {"SPLIT_K": (5, 11)}  # any count of pieces: 24 blocks x 11 = 2 per SM
@@ -178,3 +181,48 @@ def test_norm_cost_refuses_a_tuned_file_that_is_not_a_sweeps_in_one_line(text, s
         norm_cost.main(["--tuned", str(path if text != "nope.json" else tmp_path / text)])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def row_sum_layouts(ttgir: str) -> set[tuple[str, ...]]:
+    """How each row sum of a compiled launch (`tt.reduce` over axis 1 of a 2-D float32 tile) splits a row: the
+    columns' elements per thread, lanes and warps, and the order, from its TTGIR's blocked layouts."""
+    import re
+
+    blocked = dict(re.findall(r"^(#blocked\d*) = #ttg\.blocked<\{(.*)\}>$", ttgir, re.M))
+    found = set()
+    for name in re.findall(r"\}\) : \(tensor<\d+x\d+xf32, (#blocked\d*)>\) -> tensor<\d+xf32, #ttg\.slice<\{dim = 1",
+                           ttgir):
+        fields = dict(re.findall(r"(\w+) = \[([\d, ]+)\]", blocked[name]))
+        found.add(tuple(fields[key].split(", ")[1] for key in ("sizePerThread", "threadsPerWarp", "warpsPerCTA"))
+                  + (fields["order"],))
+    return found
+
+
+@pytest.mark.parametrize("table", ["TUNED", "HOPPER"])
+@pytest.mark.parametrize("height", [16, 32, 64])
+def test_the_o_launch_sums_a_rows_squares_as_gate_up_does(table, height):
+    """fused.NORM_IN_PRODUCER_ABOVE: a launch over 16 rows takes gate/up's input normalized by the O launch, lossless
+    only if both sum a row's squares (1/RMS, tl.sum) in the same order. That order follows the layout Triton picks
+    from each launch's warps (O 4, gate/up 8 on Hopper). Compiled for sm_90 with each table, the O launch's
+    normalization and gate/up's own norm split a row's columns alike; with 1 warp in the O launch they do not
+    (`fused._norms_alike` then keeps gate/up's own norm), so this test can fail."""
+    from dfvg.gpu import block_sizes
+    from dfvg.gpu.kernels import HAVE_TRITON
+
+    if not HAVE_TRITON:
+        pytest.skip("Triton is not installed")
+    sys.path.insert(0, str(ROOT / "gpu"))
+    try:
+        import compile_sm90
+    finally:
+        sys.path.pop(0)
+    rows = getattr(block_sizes, table)
+    o_shape, gate_up = (1536, 1536), (8960, 1536)
+
+    def layouts(shape: tuple[int, int], over: bool, cfg: dict) -> set:
+        return row_sum_layouts(compile_sm90.compiled_launch(height, shape, cfg=cfg, over_one_tile=over).asm["ttgir"])
+
+    by_o, by_gate_up = layouts(o_shape, True, rows[o_shape]), layouts(gate_up, False, rows[gate_up])
+    assert len(by_o) == 1 and by_o == by_gate_up, (by_o, by_gate_up)
+    if height == 16:
+        assert layouts(o_shape, True, {**rows[o_shape], "num_warps": 1}) != by_gate_up

@@ -1,4 +1,5 @@
-"""Block sizes of the fused GEMV launches per weight shape: measured on the H200, or a default.
+"""Block sizes of the fused GEMV launches per weight shape: measured tables (Hopper's, and TUNED for other GPUs), or a
+default.
 
 Why a table and not an autotuner: a row of a verify step must be computed exactly as a one-row decode step
 computes it (`dfvg.gpu.fused`, batch-invariant rows), so the block sizes and split-K of a launch may depend
@@ -13,7 +14,8 @@ from pathlib import Path
 
 from dfvg.errors import UserError
 
-# Block sizes per weight shape (N, K), measured best on the H200: by benchmarks/gpu_rows.py --sweep for the
+# Block sizes per weight shape (N, K) on GPUs without a table of their own (`GPU_TABLES`: the H100 and H200 take
+# HOPPER's rows for the target). Measured best on the H200 before HOPPER: by benchmarks/gpu_rows.py --sweep for the
 # Qwen2.5-Coder-1.5B target's shapes with programmatic dependent launch (2026-12-04 evening,
 # benchmarks/h200_2026-12-04_pdl/rows: each launch alone, then the whole step: 1.589 against 1.667 ms at T = 1
 # for the table before, both with PDL, in alternating rounds); other shapes take `linear_config`.

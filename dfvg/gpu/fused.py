@@ -5,8 +5,8 @@ replays ~20 kernels per layer; inside a CUDA graph each still costs microseconds
 
 1. `qkv_rope`:     RMSNorm -> x Wqkv^T + b -> RoPE on q and k -> q to a buffer, k and v into the cache at pos
 2. `attention`:    per (kv head, 64-slot split, token group) partial softmax, then the merge
-3. `fused_linear`: x + attn Wo^T (+ b)
-4. `fused_linear`: RMSNorm -> silu(x Wg^T) * (x Wu^T)
+3. `fused_linear`: x + attn Wo^T (+ b); over 16 rows `linear_then_norm`, which also writes RMSNorm(x) * g
+4. `fused_linear`: RMSNorm -> silu(x Wg^T) * (x Wu^T); over 16 rows without the norm, on launch 3's rows
 5. `fused_linear`: x + h W2^T
 
 and the LM head is one more `fused_linear` (RMSNorm -> x Wout^T). Each is a GEMV-shaped stream over its
@@ -25,7 +25,8 @@ every row count runs the same code per row:
 - block sizes and split-K depend on the weight shape only (`dfvg.gpu.block_sizes`), never on T;
 - split-K partial sums are added in split order by the last program to finish (a per-tile counter), not
   by atomics, so the order is fixed;
-- RMSNorm's 1/RMS is a first pass over the row in fixed steps, the same for every row count;
+- RMSNorm's 1/RMS is a first pass over the row in fixed steps, the same for every row count, and the same
+  in launch 3 as in launch 4 (`NORM_IN_PRODUCER_ABOVE`: both split a row's columns over threads and warps alike);
 - attention packs the GQA heads of one row into a fixed 16-row tile at a fixed place; splits past a row's
   position add exact zeros.
 
@@ -55,15 +56,12 @@ from dfvg.gpu.tree_rows import TreeRows
 # of up to 32 or 64 rows one tile, at the price of a taller tile for a one-row decode step.
 TILE_ROWS = 16
 MAX_ROWS = 64  # new tokens per launch: MAX_ROWS / TILE_ROWS row tiles
-# A GEMV launch may stream its weights while the launch before it drains (programmatic dependent launch, so
-# sm_90 and a GPU; no bit changes: weights are read-only during a step). Before its wait on the previous launch,
-# each program asks L2 for the first PREFETCH_COLUMNS columns of each of its weight rows
-# (`gemv_stream._prefetch_weights`; 0: none), so the stream is under way when the wait returns. With
-# `decode_attention.EARLY_TRIGGER` the launch before lets it start early enough for that to overlap. All columns
-# (K) would ask for a whole launch's first wave at once, about L2's size for the gate/up and LM head launches:
-# lines could be evicted before they are read, hence a bound to time. (A first version, in which every thread
-# issued the row prefetches, cost 1.28-1.47x per step in redundant L2 requests: benchmarks/RESULTS.md, "Issue 16,
-# 2026-12-04 (14:55-15:22 UTC)"; here each thread asks for its own piece.) Off: timed 1.02x (2026-12-05, H100).
+# A GEMV launch may stream its weights while the launch before it drains (programmatic dependent launch, sm_90; no
+# bit changes: weights are read-only during a step): before its wait, each program asks L2 for the first
+# PREFETCH_COLUMNS columns of its weight rows (`gemv_stream._prefetch_weights`; 0: none), overlapping with
+# `decode_attention.EARLY_TRIGGER`. All columns would ask for about L2's size at once in gate/up and the LM head,
+# hence a bound. (Every thread issuing the row prefetches cost 1.28-1.47x in redundant L2 requests, RESULTS.md,
+# 2026-12-04 14:55 UTC; here each thread asks for its own piece.) Off: 1.02x per step (2026-12-05, H100).
 PREFETCH_COLUMNS = 0
 # With a SWAP_AB table entry (`block_sizes`), a pair's two weight blocks (gate and up; the two halves of a RoPE head)
 # are one stacked operand of one MMA per K step instead of two MMAs, each waited for (`gemv_stream._stream`). On an
@@ -73,14 +71,12 @@ STACKED_PAIR = True
 # Each GEMV launch loads its epilogue's inputs (the residual and bias; QKV's positions, cos, sin and cache slots) right
 # after its wait, before the weight loop, so their L2 round trips (QKV: position, then cos/sin at it) overlap the
 # stream instead of following it. Same values, so the same bits; the inputs stay in registers through the loop. Off:
-# on an H100, 0.994x per step at T = 1 with unstacked pairs, but 1.005x with STACKED_PAIR (both 2026-12-06).
+# on an H100, 0.994x per step at T = 1 with unstacked pairs, 1.005x and 0.999x with STACKED_PAIR (2026-12-06).
 EPILOGUE_FIRST = False
-# Launches of more rows than this take gate/up's input normalized by the O launch (`linear_then_norm`,
-# `gemv_stream._normalize_rows`), so gate/up streams it without a norm of its own (None: never; 0: every launch). A
-# row's bits do not depend on which launch normalized it: both sum its squares in `_inv_rms`'s order (tl.sum over
-# 16-row tiles, warps along rows: 4 in the O launch, 8 in gate/up), checked on the GPU by tests/test_gpu_fused.py
-# and by gpu_rows.py's whole-model rows. T <= 16 unchanged; T = 17 0.979x (H100) and 0.959x (H200), T = 64 0.938x and
-# 0.923x. For every launch (0): 1.016x at T = 1 (H100; the O launch's serial tail costs more than gate/up saves).
+# Launches of more rows than this take gate/up's input normalized by the O launch (`linear_then_norm`; None: never,
+# 0: all). Lossless: both sum a row's squares alike (`_norms_alike`; tests/test_gpu_fused.py, gpu_rows.py's rows).
+# T <= 16 unchanged; T = 17 0.979x (H100), 0.958x (H200); T = 64 0.938x, 0.924x. For all launches (0): 1.016x at T = 1
+# (H100; the O launch's serial tail costs more than gate/up saves on one row tile). benchmarks/RESULTS.md, 2026-12-06.
 NORM_IN_PRODUCER_ABOVE: int | None = 16
 
 if HAVE_TRITON:
@@ -250,10 +246,6 @@ if HAVE_TRITON:
                   vc_ptr, rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @functools.cache
 def _gpu_name(index: int | None) -> str:
     return torch.cuda.get_device_name(index)
@@ -284,7 +276,7 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool) -> dict:
 
 def _grid(cfg: dict, blocks: int, rows: int) -> tuple[int]:
     """One program per (weight block, K split, row tile)."""
-    return (blocks * cfg["SPLIT_K"] * _cdiv(rows, TILE_ROWS),)
+    return (blocks * cfg["SPLIT_K"] * triton.cdiv(rows, TILE_ROWS),)
 
 
 def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias: Tensor | None = None,
@@ -311,18 +303,21 @@ def _linear(x: Tensor, weight: Tensor, norm, bias, residual, swiglu: bool, eps: 
             counters: Tensor | None, next_norm: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """The launch behind `fused_linear` and `linear_then_norm`."""
     rows, k = x.shape
+    if next_norm is not None and rows > MAX_ROWS:  # a counter per row tile (`row_counters`)
+        raise ValueError(f"linear_then_norm takes at most {MAX_ROWS} rows a launch, got {rows}")
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     cfg = _config(n, k, x.device, config)
     blocks = triton.cdiv(n, cfg["BN"])
     k_len, parts, split_counters = split_buffers(cfg, blocks, rows, k, x.device, counters, TILE_ROWS)
     out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
     normed = torch.empty_like(out) if next_norm is not None else None
+    row_count = split_counters if normed is None else row_counters(counters, x.device)  # (unread without a norm)
     _linear_kernel[_grid(cfg, blocks, rows)](
         x, x.stride(0), norm if norm is not None else weight, weight, bias if bias is not None else weight,
         residual if residual is not None else weight, out, parts, split_counters, rows, n, k, k_len, eps,
         NORM=norm is not None, SWIGLU=swiglu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         F32=INTERPRETED, **_launch_options(x, weight, cfg, swiglu), xn_ptr=out if normed is None else normed,
-        gn_ptr=weight if next_norm is None else next_norm, row_count_ptr=row_counters(counters, x.device),
+        gn_ptr=weight if next_norm is None else next_norm, row_count_ptr=row_count,
         NORM_OUT=0 if next_norm is None else n)
     return out, normed
 
@@ -347,6 +342,13 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
     return q
 
 
+def _norms_alike(wo: Tensor, w13: Tensor, device: torch.device) -> bool:
+    """Whether the O launch's 1/RMS sums a row as gate/up's does: with 2 warps or more each splits a 16-row tile's
+    512 columns over 2 warps, with 1 not (the sm_90 layouts Triton picks; tests/test_gpu_tools.py compiles both)."""
+    shapes = ((wo.shape[0], wo.shape[1]), (w13.shape[0] // 2, w13.shape[1]))
+    return all(_config(n, k, device, None)["num_warps"] >= 2 for n, k in shapes)
+
+
 def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, vc: Tensor, w: tuple,
                   dims: tuple, counters: Tensor | None = None, tree: TreeRows | None = None) -> Tensor:
     """One decoder layer on x [T, D] (bf16) at positions pos [T]: the launches of the module docstring.
@@ -359,7 +361,7 @@ def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, 
     slots, links = (tree.slots, (tree.root, tree.ancestors)) if tree is not None else (None, None)
     q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims, counters=counters, slots=slots)
     attended = attention(q, kc, vc, pos, dims, links)
-    if NORM_IN_PRODUCER_ABOVE is not None and x.shape[0] > NORM_IN_PRODUCER_ABOVE:
+    if NORM_IN_PRODUCER_ABOVE is not None and x.shape[0] > NORM_IN_PRODUCER_ABOVE and _norms_alike(wo, w13, x.device):
         x, normed = linear_then_norm(attended, wo, ffn_norm, bias=wo_b, residual=x, eps=eps, counters=counters)
         h = fused_linear(normed, w13, swiglu=True, counters=counters)
     else:

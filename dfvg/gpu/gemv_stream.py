@@ -137,7 +137,7 @@ if HAVE_TRITON:
     @triton.jit
     def _normalize_rows(out_ptr, xn_ptr, g_ptr, row_count_ptr, rows, t0, D: tl.constexpr, eps, last, BLOCKS,
                         BT: tl.constexpr):
-        """`fused.NORM_IN_PRODUCER`: once every output block of rows t0..t0+BT of out [rows, D] is stored, the
+        """`fused.NORM_IN_PRODUCER_ABOVE`: once every output block of rows t0..t0+BT of out [rows, D] is stored, the
         program that stored the last of them writes RMSNorm(out) * g of those rows to xn, as `_a_tile` computes
         it, and resets the row tile's counter. `last`: this program stored an output block (the last split).
 
@@ -259,25 +259,32 @@ if HAVE_TRITON:
         return block, (pid // row_tiles) % SPLIT_K, rt * BT, block * row_tiles + rt
 
 
-def new_counters(device) -> Tensor:
+def new_counters(device: torch.device | str) -> Tensor:
     """Zeroed counters for one forward (split-K's, then the row tiles'): every launch of it reuses them, and each
     resets what it used."""
     return torch.zeros(COUNTERS + ROW_COUNTERS, dtype=torch.int32, device=device)
 
 
-def row_counters(counters: Tensor | None, device) -> Tensor:
-    """The row-tile counters of a forward's scratch (`new_counters`), or new zeroed ones."""
+def row_counters(counters: Tensor | None, device: torch.device | str) -> Tensor:
+    """The row-tile counters of a forward's scratch (`new_counters`), or new zeroed ones where a caller passed none
+    or an older, shorter scratch (a launch then counts from zero all the same)."""
     if counters is not None and counters.numel() >= COUNTERS + ROW_COUNTERS:
         return counters[COUNTERS:]
     return torch.zeros(ROW_COUNTERS, dtype=torch.int32, device=device)
 
 
-def split_buffers(cfg: dict, blocks: int, rows: int, k: int, device, counters: Tensor | None, tile_rows: int):
+def split_columns(k: int, split: int, block_k: int) -> int:
+    """K columns per split of a split-K launch: whole BK steps (the last split may be shorter, or empty)."""
+    per_split = -(-k // split)
+    return -(-per_split // block_k) * block_k
+
+
+def split_buffers(cfg: dict, blocks: int, rows: int, k: int, device: torch.device | str, counters: Tensor | None,
+                  tile_rows: int) -> tuple[int, Tensor, Tensor]:
     """(k_len, partials, counters) of a split-K launch: K columns per split, the float32 partial sums and the
     zeroed per-tile counters (a caller's buffer, reset by the kernel after use, or a new one)."""
     split, tiles = cfg["SPLIT_K"], blocks * -(-rows // tile_rows)
-    per_split = -(-k // split)
-    k_len = -(-per_split // cfg["BK"]) * cfg["BK"]  # whole BK steps per split
+    k_len = split_columns(k, split, cfg["BK"])
     if split == 1:
         dummy = torch.empty(1, dtype=torch.int32, device=device)
         return k_len, dummy, dummy

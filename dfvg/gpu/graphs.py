@@ -155,7 +155,7 @@ class GraphModel:
     def _fused_forward(self, ids: Tensor, pos: Tensor, last_only: bool, tree: TreeRows | None) -> Tensor:
         """Fused layers over chunks of `fused.MAX_ROWS` rows, chunk after chunk within each layer: a tree's rows
         come parents first, so a chunk's ancestors wrote their K/V in this layer before it attends."""
-        counters = fused.new_counters(ids.device)  # one zeroed split-K scratch for every launch of this pass
+        counters = fused.new_counters(ids.device)  # one zeroed split-K/row-tile scratch for every launch of the pass
         x = self._fused_layers(self.model.embed(ids)[0], pos, counters, tree)
         if tree is None:
             self._write_features(x, pos)
