@@ -14,7 +14,7 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
                                                  # (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER)
     python gpu/compile_sm90.py --shape 8960x1536 --space "BK=128,256 num_warps=4,8"
                                                  # one launch over block sizes (gpu_rows.py --sweep-space's words)
-    python gpu/compile_sm90.py --gpu H100 16      # the table an H100 runs (block_sizes.GPU_TABLES), not the H200's
+    python gpu/compile_sm90.py --gpu H100 16      # the table an H100 or H200 runs (GPU_TABLES), not TUNED
     python gpu/compile_sm90.py --epilogue-first --unstacked 16  # fused.EPILOGUE_FIRST on / fused.STACKED_PAIR off
     python gpu/compile_sm90.py --over-16-rows 16      # a launch over 16 rows: O normalizes for gate/up
 """
@@ -69,9 +69,10 @@ OVER_ONE_TILE = False
 
 def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict | None = None,
                     over_one_tile: bool | None = None):
-    """The target's launch on weight `shape` with `height`-row tiles, compiled for sm_90 (its shipped block sizes,
-    or `cfg`); `ahead`: with the weight prefetch of 512 columns and the early trigger (fused.PREFETCH_COLUMNS,
-    decode_attention.EARLY_TRIGGER)."""
+    """The target's launch on weight `shape` with `height`-row tiles, compiled for sm_90 (its TUNED block sizes, or
+    `cfg`; `--gpu` puts that GPU's table in TUNED first); `over_one_tile`: as a launch over 16 rows runs it
+    (None: `OVER_ONE_TILE`); `ahead`: with the weight prefetch of 512 columns and the early trigger
+    (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER)."""
     cfg, what = cfg or TUNED[shape], LAUNCHES[shape]
     common = {"K": shape[1], "F32": False, "BT": height, "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
               "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": fused.STACKED_PAIR, "PDL": True,

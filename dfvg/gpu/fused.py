@@ -6,7 +6,8 @@ replays ~20 kernels per layer; inside a CUDA graph each still costs microseconds
 1. `qkv_rope`:     RMSNorm -> x Wqkv^T + b -> RoPE on q and k -> q to a buffer, k and v into the cache at pos
 2. `attention`:    per (kv head, 64-slot split, token group) partial softmax, then the merge
 3. `fused_linear`: x + attn Wo^T (+ b); over 16 rows `linear_then_norm`, which also writes RMSNorm(x) * g
-4. `fused_linear`: RMSNorm -> silu(x Wg^T) * (x Wu^T); over 16 rows without the norm, on launch 3's rows
+4. `fused_linear`: RMSNorm -> silu(x Wg^T) * (x Wu^T); over 16 rows without the norm, on launch 3's rows (both
+   where `_norms_alike`)
 5. `fused_linear`: x + h W2^T
 
 and the LM head is one more `fused_linear` (RMSNorm -> x Wout^T). Each is a GEMV-shaped stream over its
@@ -25,8 +26,8 @@ every row count runs the same code per row:
 - block sizes and split-K depend on the weight shape only (`dfvg.gpu.block_sizes`), never on T;
 - split-K partial sums are added in split order by the last program to finish (a per-tile counter), not
   by atomics, so the order is fixed;
-- RMSNorm's 1/RMS is a first pass over the row in fixed steps, the same for every row count, and the same
-  in launch 3 as in launch 4 (`NORM_IN_PRODUCER_ABOVE`: both split a row's columns over threads and warps alike);
+- RMSNorm's 1/RMS is a first pass over the row in fixed steps, the same for every row count, and launch 3
+  normalizes for launch 4 only where both split a row's columns alike (`NORM_IN_PRODUCER_ABOVE`, `_norms_alike`);
 - attention packs the GQA heads of one row into a fixed 16-row tile at a fixed place; splits past a row's
   position add exact zeros.
 
@@ -47,7 +48,7 @@ from torch import Tensor
 
 from dfvg.gpu.block_sizes import adopt_gpu_table, linear_config
 from dfvg.gpu.decode_attention import INTERPRETED, attention, early_trigger_on, pdl_on
-from dfvg.gpu.gemv_stream import new_counters, row_counters, split_buffers
+from dfvg.gpu.gemv_stream import ROW_COUNTERS, new_counters, row_counters, split_buffers
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.gpu.tree_rows import TreeRows
 
@@ -63,18 +64,16 @@ MAX_ROWS = 64  # new tokens per launch: MAX_ROWS / TILE_ROWS row tiles
 # hence a bound. (Every thread issuing the row prefetches cost 1.28-1.47x in redundant L2 requests, RESULTS.md,
 # 2026-12-04 14:55 UTC; here each thread asks for its own piece.) Off: 1.02x per step (2026-12-05, H100).
 PREFETCH_COLUMNS = 0
-# With a SWAP_AB table entry (`block_sizes`), a pair's two weight blocks (gate and up; the two halves of a RoPE head)
-# are one stacked operand of one MMA per K step instead of two MMAs, each waited for (`gemv_stream._stream`). On an
-# H100 with the Hopper table, logits identical, the step unstacked against stacked: 1.032x and 1.020x at T = 1, 1.06x
-# at T = 64 (two runs); on an H200 1.047x at T = 1 (benchmarks/RESULTS.md, 2026-12-06). TUNED has no SWAP_AB rows.
+# With a SWAP_AB entry (`block_sizes`), a pair's two weight blocks (gate and up; a RoPE head's halves) are one stacked
+# operand of one MMA per K step, waited for once (`gemv_stream._stream`). Unstacked against stacked, logits identical:
+# H100 1.032x and 1.020x at T = 1, 1.06x at T = 64; H200 1.047x at T = 1 (RESULTS.md, 2026-12-06).
 STACKED_PAIR = True
-# Each GEMV launch loads its epilogue's inputs (the residual and bias; QKV's positions, cos, sin and cache slots) right
-# after its wait, before the weight loop, so their L2 round trips (QKV: position, then cos/sin at it) overlap the
-# stream instead of following it. Same values, so the same bits; the inputs stay in registers through the loop. Off:
-# on an H100, 0.994x per step at T = 1 with unstacked pairs, 1.005x and 0.999x with STACKED_PAIR (2026-12-06).
+# Each GEMV launch loads its epilogue's inputs (residual, bias; QKV's positions, cos, sin, slots) after its wait, before
+# the weight loop, overlapping their L2 round trips with the stream; same bits, more registers. Off: H100 0.994x at
+# T = 1 unstacked, 1.005x and 0.999x with STACKED_PAIR (2026-12-06).
 EPILOGUE_FIRST = False
-# Launches of more rows than this take gate/up's input normalized by the O launch (`linear_then_norm`; None: never,
-# 0: all). Lossless: both sum a row's squares alike (`_norms_alike`; tests/test_gpu_fused.py, gpu_rows.py's rows).
+# Launches of more rows than this take gate/up's input normalized by the O launch (`linear_then_norm`; None: never, 0:
+# all) where both sum a row's squares alike (`_norms_alike`; tests/test_gpu_fused.py, gpu_rows.py's rows).
 # T <= 16 unchanged; T = 17 0.979x (H100), 0.958x (H200); T = 64 0.938x, 0.924x. For all launches (0): 1.016x at T = 1
 # (H100; the O launch's serial tail costs more than gate/up saves on one row tile). benchmarks/RESULTS.md, 2026-12-06.
 NORM_IN_PRODUCER_ABOVE: int | None = 16
@@ -295,7 +294,8 @@ def linear_then_norm(x: Tensor, weight: Tensor, next_norm: Tensor, *, bias: Tens
                      residual: Tensor | None = None, eps: float = 1e-6, config: dict | None = None,
                      counters: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`fused_linear` (no input norm, no SwiGLU) that also returns RMSNorm(out) * next_norm, the next launch's
-    input (`NORM_IN_PRODUCER_ABOVE`), from the same launch: (out [T, N], normalized [T, N] bf16)."""
+    input (`NORM_IN_PRODUCER_ABOVE`), from the same launch: (out [T, N], normalized [T, N] bf16). The bits equal the
+    next launch's own norm where `_norms_alike`."""
     return _linear(x, weight, None, bias, residual, False, eps, None, config, counters, next_norm)
 
 
@@ -303,8 +303,8 @@ def _linear(x: Tensor, weight: Tensor, norm, bias, residual, swiglu: bool, eps: 
             counters: Tensor | None, next_norm: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """The launch behind `fused_linear` and `linear_then_norm`."""
     rows, k = x.shape
-    if next_norm is not None and rows > MAX_ROWS:  # a counter per row tile (`row_counters`)
-        raise ValueError(f"linear_then_norm takes at most {MAX_ROWS} rows a launch, got {rows}")
+    if next_norm is not None and triton.cdiv(rows, TILE_ROWS) > ROW_COUNTERS:  # a counter per row tile
+        raise ValueError(f"linear_then_norm takes at most {ROW_COUNTERS * TILE_ROWS} rows a launch, got {rows}")
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     cfg = _config(n, k, x.device, config)
     blocks = triton.cdiv(n, cfg["BN"])
@@ -343,10 +343,11 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
 
 
 def _norms_alike(wo: Tensor, w13: Tensor, device: torch.device) -> bool:
-    """Whether the O launch's 1/RMS sums a row as gate/up's does: with 2 warps or more each splits a 16-row tile's
-    512 columns over 2 warps, with 1 not (the sm_90 layouts Triton picks; tests/test_gpu_tools.py compiles both)."""
+    """Whether the O launch's 1/RMS sums a row as gate/up's does: with 2 warps or more and rows of whole 16-element
+    pieces (gate/up's x stride), each splits a row's 512 columns as 8 a thread x 32 lanes x 2 warps (the sm_90
+    layouts Triton picks; tests/test_gpu_tools.py compiles both). Anything else keeps gate/up's own norm."""
     shapes = ((wo.shape[0], wo.shape[1]), (w13.shape[0] // 2, w13.shape[1]))
-    return all(_config(n, k, device, None)["num_warps"] >= 2 for n, k in shapes)
+    return wo.shape[0] % 16 == 0 and all(_config(n, k, device, None)["num_warps"] >= 2 for n, k in shapes)
 
 
 def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, vc: Tensor, w: tuple,
