@@ -336,6 +336,18 @@ def test_epilogue_inputs_loaded_first_are_the_same_bits_under_triton_interpreter
     assert failures == 0 and same == 1.0, (failures, same)
 
 
+def layer_with_old_cache(device: str, seed: int) -> tuple:
+    """(model, dims, k cache, v cache, their old values) of a small model's first layer (head_dim 32 in the
+    interpreter, 128 on a GPU) with a 160-slot cache of random old K/V, which a check copies back before each run."""
+    model = small_model(32 if device == "cpu" else 128, device)
+    cfg = model.config
+    dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
+    model.setup_cache(1, 160)
+    kc, vc = model.layers[0].attention.kv_cache.k[0], model.layers[0].attention.kv_cache.v[0]
+    torch.manual_seed(seed)
+    return model, dims, kc, vc, kc.normal_().clone(), vc.normal_().clone()
+
+
 def epilogue_first_checks(device: str) -> list[float]:
     """[rows that differ from their one-row launch, 1.0 if everything equals the shipped order's bits] with
     `fused.EPILOGUE_FIRST` on: a layer (QKV + bias + RoPE, K/V written from the same old cache) with split-K on
@@ -344,13 +356,8 @@ def epilogue_first_checks(device: str) -> list[float]:
     from dfvg.gpu.block import layer_weights
     from dfvg.gpu.block_sizes import linear_config
 
-    model = small_model(32 if device == "cpu" else 128, device)
+    model, dims, kc, vc, old_k, old_v = layer_with_old_cache(device, seed=2)
     cfg = model.config
-    dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
-    model.setup_cache(1, 160)
-    kc, vc = model.layers[0].attention.kv_cache.k[0], model.layers[0].attention.kv_cache.v[0]
-    torch.manual_seed(2)
-    old_k, old_v = kc.normal_().clone(), vc.normal_().clone()
     x = torch.randn(20, cfg.hidden_size, device=device).to(torch.bfloat16)
     w = torch.randn(48, cfg.hidden_size, device=device).to(torch.bfloat16)
     bias, res = torch.randn(48, device=device).to(torch.bfloat16), torch.randn(20, 48, device=device).to(torch.bfloat16)
@@ -448,18 +455,15 @@ def norm_in_producer_checks(device: str) -> list[float]:
     x = (torch.randn(max_rows, k) * 3).to(device, torch.bfloat16)
     counters, cfg = fused.new_counters(device), None if device == "cuda" else {"SPLIT_K": 3, "BK": 32}
 
-    def both(t: int) -> tuple:
-        return fused.linear_then_norm(x[:t], w, nxt, bias=nxt, residual=res[:t], counters=counters, config=cfg)
+    def both(a: int, b: int) -> tuple:
+        """(out, normalized) of rows a..b-1 in one launch."""
+        return fused.linear_then_norm(x[a:b], w, nxt, bias=nxt, residual=res[a:b], counters=counters, config=cfg)
 
-    alone = [torch.cat(parts) for parts in zip(*(both(1) if i == 0 else
-                                                 fused.linear_then_norm(x[i:i + 1], w, nxt, bias=nxt,
-                                                                        residual=res[i:i + 1], counters=counters,
-                                                                        config=cfg)
-                                                 for i in range(max_rows)), strict=True)]
+    alone = [torch.cat(parts) for parts in zip(*(both(i, i + 1) for i in range(max_rows)), strict=True)]
     failures = [t for t in sorted({1, 2, 5, 16, 17, max_rows})
-                if not all(torch.equal(a, b[:t]) for a, b in zip(both(t), alone, strict=True))]
-    out, normed = both(max_rows)
-    again = all(torch.equal(a, b) for a, b in zip(both(max_rows), (out, normed), strict=True))
+                if not all(torch.equal(a, b[:t]) for a, b in zip(both(0, t), alone, strict=True))]
+    out, normed = both(0, max_rows)
+    again = all(torch.equal(a, b) for a, b in zip(both(0, max_rows), (out, normed), strict=True))
     plain = fused.fused_linear(x, w, bias=nxt, residual=res, config=cfg)
     via_norm = fused.fused_linear(out, w_next, norm=nxt, swiglu=True).float()
     gap = ((fused.fused_linear(normed, w_next, swiglu=True).float() - via_norm).norm() / via_norm.norm()).item()
@@ -472,18 +476,13 @@ def norm_in_producer_checks(device: str) -> list[float]:
 def producer_norm_row_failures(device: str) -> list[int]:
     """Rows of a layer launch over 16 rows, whose gate/up input the O launch normalized
     (`fused.NORM_IN_PRODUCER_ABOVE` = 16), that differ in any bit from the same token's one-row launch, where gate/up
-    normalized it. Each run starts from the same cache; the one-row launches
-    run in order, so each sees the K/V its predecessors wrote, as the rows of the long launch do."""
+    normalized it. Each run starts from the same cache; the one-row launches run in order, so each sees the K/V
+    its predecessors wrote, as the rows of the long launch do."""
     from dfvg.gpu import fused
     from dfvg.gpu.block import layer_weights
 
-    model = small_model(32 if device == "cpu" else 128, device)
+    model, dims, kc, vc, old_k, old_v = layer_with_old_cache(device, seed=4)
     cfg = model.config
-    dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
-    model.setup_cache(1, 160)
-    kc, vc = model.layers[0].attention.kv_cache.k[0], model.layers[0].attention.kv_cache.v[0]
-    torch.manual_seed(4)
-    old_k, old_v = kc.normal_().clone(), vc.normal_().clone()
     rows = 20 if device == "cpu" else 64
     x = torch.randn(rows, cfg.hidden_size, device=device).to(torch.bfloat16)
     pos = torch.arange(70, 70 + rows, device=device)

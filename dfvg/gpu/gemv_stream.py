@@ -25,6 +25,10 @@ if HAVE_TRITON:
 
     from dfvg.gpu.decode_attention import _dot
 
+    # Columns of x per step of `_inv_rms`'s sum of squares: gate/up's own norm and the O launch's normalization for
+    # it (`_normalize_rows`) must step alike for a row's 1/RMS to have the same bits in both.
+    RMS_STEP = tl.constexpr(512)
+
     @triton.jit
     def _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT: tl.constexpr, BK: tl.constexpr, FROM_L2: tl.constexpr = False):
         """Rows t0..t0+BT, columns k0..k0+BK of x as float32 (zeros past rows and K); FROM_L2: past L1, for rows
@@ -122,7 +126,7 @@ if HAVE_TRITON:
         """1/RMS of rows t0..t0+BT with NORM (`_inv_rms`), else ones [BT]."""
         rstd = tl.full((BT,), 1.0, tl.float32)
         if NORM:
-            rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, 512)
+            rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, RMS_STEP)
         return rstd
 
     @triton.jit
@@ -149,12 +153,12 @@ if HAVE_TRITON:
         rt = t0 // BT
         done = tl.atomic_add(row_count_ptr + rt, 1, mask=last)
         if last & (done == BLOCKS - 1):
-            rstd = _inv_rms(out_ptr, D, rows, t0, D, eps, BT, 512, True)
+            rstd = _inv_rms(out_ptr, D, rows, t0, D, eps, BT, RMS_STEP, True)
             t = t0 + tl.arange(0, BT)
-            for k0 in tl.static_range(0, D, 512):
-                g = _norm_weights(g_ptr, k0, D, True, 512)
-                xn = _a_tile(out_ptr, D, rows, t0, D, k0, rstd, g, True, BT, 512, True)
-                k = k0 + tl.arange(0, 512)
+            for k0 in tl.static_range(0, D, RMS_STEP):
+                g = _norm_weights(g_ptr, k0, D, True, RMS_STEP)
+                xn = _a_tile(out_ptr, D, rows, t0, D, k0, rstd, g, True, BT, RMS_STEP, True)
+                k = k0 + tl.arange(0, RMS_STEP)
                 tl.store(xn_ptr + t[:, None] * D + k[None, :], xn, mask=(t[:, None] < rows) & (k[None, :] < D))
             tl.atomic_xchg(row_count_ptr + rt, 0)
 
@@ -289,6 +293,6 @@ def split_buffers(cfg: dict, blocks: int, rows: int, k: int, device: torch.devic
         dummy = torch.empty(1, dtype=torch.int32, device=device)
         return k_len, dummy, dummy
     parts = torch.empty(tiles * split * 2 * tile_rows * cfg["BN"], dtype=torch.float32, device=device)
-    if counters is None or counters.numel() < tiles:
+    if counters is None or min(counters.numel(), COUNTERS) < tiles:  # (past COUNTERS: the row tiles' own)
         counters = torch.zeros(tiles, dtype=torch.int32, device=device)
     return k_len, parts, counters
