@@ -14,7 +14,11 @@ from benchmarks.gpu_speed import cuda_median_ms
 from dfvg.gpu import block_sizes, decode_attention, fused
 from dfvg.gpu.graphs import GraphModel, capture_graph
 
-MODE_ROWS = (1, 5, 16, 17, 33, 64)
+MODE_ROWS = (1, 5, 16, 17, 33, 48, 64)
+ITEMS = (2, 4, 8)  # attention work items per SM timed beside the shipped count (`decode_attention.ITEMS_PER_SM`)
+# the merge launch's (splits a step at a short context, else, columns a program) timed beside the shipped pieces
+# (`decode_attention.COMBINE_*`)
+MERGES = ((0, 64, 32), (0, 16, 32), (16, 64, 128))
 TALL_TILES = (32, 64)  # row-tile heights timed beside the shipped one (`fused.TILE_ROWS`)
 MODE_CONTEXTS = (512, 32704)
 # weight columns per row a GEMV program prefetches to L2 in the streaming-ahead modes: a third of a 1536-wide row,
@@ -27,7 +31,10 @@ def current_mode() -> dict:
     return {"pdl": decode_attention.PDL, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
             "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS,
             "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER, "stack": fused.STACKED_PAIR,
-            "early": fused.EPILOGUE_FIRST, "norm_in_producer": fused.NORM_IN_PRODUCER_ABOVE}
+            "early": fused.EPILOGUE_FIRST, "norm_in_producer": fused.NORM_IN_PRODUCER_ABOVE,
+            "tall_above": fused.TALL_TILES_ABOVE, "items": decode_attention.ITEMS_PER_SM,
+            "merge": (decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS,
+                      decode_attention.COMBINE_COLUMNS)}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
@@ -38,8 +45,11 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     with a SWAP_AB entry with `fused.STACKED_PAIR` flipped (a swapped pair's two blocks as one MMA operand), the
     shipped step with `fused.EPILOGUE_FIRST` flipped (residual, bias, RoPE's tables loaded before the weight loop),
     with gate/up's RMSNorm its own, or done once by the O launch at every row count or over one row tile
-    (`fused.NORM_IN_PRODUCER_ABOVE`: the two other than shipped), and the GEMVs streaming
-    ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
+    (`fused.NORM_IN_PRODUCER_ABOVE`: the two other than shipped), with 16-row tiles for every launch or one tall tile
+    for unnormalized swapped launches over 16 rows (`fused.TALL_TILES_ABOVE`, flipped), the attention's split launch
+    aiming at other work items per SM (`decode_attention.ITEMS_PER_SM`: ITEMS), its merge launch in other pieces
+    (`decode_attention.COMBINE_*`: MERGES; other bits, the same for every T), and the GEMVs
+    streaming ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
     shipped = current_mode()
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
                                                                       "split_programs": None},
@@ -59,6 +69,16 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
              16: "done once by the O launch over 16 rows"}
     modes |= {f"shipped, gate/up's RMSNorm {which}": {**shipped, "norm_in_producer": above}
               for above, which in norms.items() if above != shipped["norm_in_producer"]}
+    tall = {None: "16-row tiles at every row count", 16: "one tall tile over 16 rows",  # fused.TALL_TILES_ABOVE
+            32: "one tall tile over 32 rows", 48: "one tall tile over 48 rows"}
+    modes |= {f"shipped, unnormalized swapped launches in {which}": {**shipped, "tall_above": above}
+              for above, which in tall.items() if above != shipped["tall_above"]}
+    modes |= {f"shipped, attention aiming at {items} work items per SM": {**shipped, "items": items}
+              for items in ITEMS if items != shipped["items"]}
+    for short, splits, columns in (pieces for pieces in MERGES if pieces != shipped["merge"]):
+        up_to = f" ({short} where a row's positions fill up to {short})" if short else ""
+        modes[f"shipped, attention merging {splits} splits a step{up_to}, {columns} columns a program"] = {
+            **shipped, "merge": (short, splits, columns)}
     ahead = {(0, True): "next launch triggered after the weight loop"}
     for columns in PREFETCHES:
         ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",
@@ -72,17 +92,18 @@ def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     fused.TILE_ROWS = mode["tile_rows"]
     fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER = mode["prefetch"], mode["trigger"]
     fused.STACKED_PAIR, fused.EPILOGUE_FIRST = mode["stack"], mode["early"]
-    fused.NORM_IN_PRODUCER_ABOVE = mode["norm_in_producer"]
+    fused.NORM_IN_PRODUCER_ABOVE, fused.TALL_TILES_ABOVE = mode["norm_in_producer"], mode["tall_above"]
     decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
-    decode_attention.SPLIT_PROGRAMS_PER_SM = mode["split_programs"]
+    decode_attention.SPLIT_PROGRAMS_PER_SM, decode_attention.ITEMS_PER_SM = mode["split_programs"], mode["items"]
+    decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS, decode_attention.COMBINE_COLUMNS = mode["merge"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's
     block_sizes.TUNED.update({(n, k): config for n, k, config in tables[mode["table"]]})
 
 
 def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None = None, rounds: int = 5) -> list[dict]:
     """ms per step of each (mode, context, T), the median over alternating rounds (so drift hits every mode
-    alike), and whether the mode's logits equal the first mode's bit for bit (the switches change which
-    program computes a row, never how; other block sizes may change the sums)."""
+    alike), and whether the mode's logits equal the first mode's bit for bit (most switches change which program
+    computes a row, never how; other block sizes and merge widths may change the sums, alike for every T)."""
     vocab = gm.model.config.vocab_size
     modes = modes_of(tables)
     unknown = set(only or ()) - set(modes)

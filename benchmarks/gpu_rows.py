@@ -17,17 +17,10 @@ by CUDA events around replays (medians). What it measures:
 3. cuBLAS GEMMs of the same weight shapes for 1 / 5 / 16 / 64 rows in one graph (the physics beside it);
 4. batch invariance on the whole model: logits of a T-row step against T one-row steps from the same
    cache, bit for bit (`rows_identical` per T);
-5. code variants side by side (`gpu_modes.modes_of`): the step at T = 1 .. 64 and contexts 512 and 32k with K/V
-   read per token and a split program per (kv head, split, token) of the cache (the code before), with the K/V tile
-   shared by a split's tokens (`decode_attention.SHARE_KV`), with the split launch's programs also taking work
-   items in turn (`decode_attention.SPLIT_PROGRAMS_PER_SM`; shipped), shipped with each other table (e.g.
-   the sweep's), shipped with 32- and 64-row tiles (`fused.TILE_ROWS`: a verify of up to 32 or 64 rows in
-   one tile; their invariance is checked too), and shipped with the launches streaming ahead (each GEMV
-   program's first 512 or all weight columns prefetched to L2 before its wait, `fused.PREFETCH_COLUMNS`;
-   each GEMV launch letting the next start once all its programs passed their weight loop,
-   `decode_attention.EARLY_TRIGGER`; alone and together), timed in alternating rounds; whether every mode's
-   logits equal the first mode's bit for bit; the faster block-size table on the whole step
-   (fastest_tuned.json; among the modes with the shipped switches) is the one the rest of the run uses;
+5. code variants side by side (`gpu_modes.modes_of` lists them: the attention before, other tables, tile heights,
+   the module switches flipped), at T = 1 .. 64 and contexts 512 and 32k in alternating rounds; whether every mode's
+   logits equal the first mode's bit for bit; the faster block-size table on the whole step (fastest_tuned.json;
+   among the modes with the shipped switches) is the one the rest of the run uses;
 6. `--profile`: device time per kernel name in a replayed step at T = 1, 16, 64, contexts 512, 32,704.
 """
 
@@ -123,9 +116,11 @@ def sweep_launches(cfg, only_text: str, space: dict) -> tuple[str, ...]:
 
 
 def launch_of(cfg, name: str, n: int, k: int, opts: dict, rows: int):
-    """A callable(weight, config): the fused launch of one weight shape at `rows` rows and nothing else (its split-K
-    counters and caches made once, as a forward's; before 2026-12-06 05:05 UTC each call zeroed new ones)."""
+    """A callable(weight, config): the fused launch of one weight shape at `rows` rows as a forward runs it, and
+    nothing else: over `fused.NORM_IN_PRODUCER_ABOVE` rows O also normalizes for gate/up and gate/up has no norm
+    (until 2026-12-06 afternoon the sweep timed them as at T = 1 there). Split-K counters and caches made once."""
     counters, x = fused.new_counters("cuda"), torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    normalized = fused.NORM_IN_PRODUCER_ABOVE is not None and rows > fused.NORM_IN_PRODUCER_ABOVE
     g = torch.ones(k, device="cuda", dtype=torch.bfloat16)
     res = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
     if name == "wqkv":
@@ -136,8 +131,12 @@ def launch_of(cfg, name: str, n: int, k: int, opts: dict, rows: int):
         kc = torch.zeros(slots, cfg.num_kv_heads, hd, device="cuda", dtype=torch.bfloat16)
         vc = kc.clone()
         return lambda w, c: fused.qkv_rope(x, g, w, None, pos, cos, sin, kc, vc, dims, c, counters=counters)
-    kwargs = {"norm": g if opts.get("norm") else None, "residual": res if opts.get("residual") else None,
-              "swiglu": opts.get("swiglu", False), "counters": counters}
+    if name == "wo" and normalized:  # (as `layer_forward` does where `fused._norms_alike`: tables of >= 2 warps)
+        gn = torch.ones(n, device="cuda", dtype=torch.bfloat16)
+        return lambda w, c: fused.linear_then_norm(x, w, gn, residual=res, config=c, counters=counters)[0]
+    kwargs = {"norm": g if opts.get("norm") and not (normalized and name == "w13") else None,
+              "residual": res if opts.get("residual") else None, "swiglu": opts.get("swiglu", False),
+              "counters": counters}
     return lambda w, c: fused.fused_linear(x, w, config=c, **kwargs)
 
 

@@ -233,6 +233,20 @@ def test_benchmark_prompts_put_the_drafts_held_out_prompts_first():
     assert rest == [t["id"] for t in tasks if t["id"] not in held_out]
 
 
+def shipped_switches() -> dict:
+    """The launch mode of the switches as shipped, written out here (gpu_modes.current_mode must agree)."""
+    from dfvg.gpu import decode_attention, fused
+
+    return {"pdl": True, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
+            "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS,
+            "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER,
+            "stack": fused.STACKED_PAIR, "early": fused.EPILOGUE_FIRST,
+            "norm_in_producer": fused.NORM_IN_PRODUCER_ABOVE, "tall_above": fused.TALL_TILES_ABOVE,
+            "items": decode_attention.ITEMS_PER_SM, "merge": (decode_attention.COMBINE_SHORT,
+                                                              decode_attention.COMBINE_SPLITS,
+                                                              decode_attention.COMBINE_COLUMNS)}
+
+
 def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     """gpu_rows.py's first mode (gpu_modes.py) is the code before the attention change (ratios are against it),
     one mode is exactly the shipped switches, and a mode's switches are set and then restored around the
@@ -246,11 +260,7 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     modes = gpu_modes.modes_of(tables)
     before = next(iter(modes.values()))
     assert before["share_kv"] is False and before["split_programs"] is None
-    shipped = {"pdl": True, "table": "shipped", "share_kv": decode_attention.SHARE_KV,
-               "split_programs": decode_attention.SPLIT_PROGRAMS_PER_SM, "tile_rows": fused.TILE_ROWS,
-               "prefetch": fused.PREFETCH_COLUMNS, "trigger": decode_attention.EARLY_TRIGGER,
-               "stack": fused.STACKED_PAIR, "early": fused.EPILOGUE_FIRST,
-               "norm_in_producer": fused.NORM_IN_PRODUCER_ABOVE}
+    shipped = shipped_switches()
     assert sum(mode == shipped for mode in modes.values()) == 1
     ahead = [(mode["prefetch"], mode["trigger"]) for name, mode in modes.items() if "prefetch" in name or
              "trigger" in name]  # the GEMVs streaming ahead: each switch, then both, beside the shipped pair
@@ -288,7 +298,7 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
         gpu_modes._set_mode(shipped, tables)
     assert decode_attention.SHARE_KV and block_sizes.tuned_rows() == tables["shipped"] and fused.TILE_ROWS == 16
     assert fused.STACKED_PAIR == shipped["stack"] and fused.EPILOGUE_FIRST == shipped["early"]
-    assert fused.NORM_IN_PRODUCER_ABOVE == shipped["norm_in_producer"]
+    assert fused.NORM_IN_PRODUCER_ABOVE == shipped["norm_in_producer"] and gpu_modes.current_mode() == shipped
     assert (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER) == (shipped["prefetch"], shipped["trigger"])
     # the fastest table is chosen among the modes with the shipped switches only (a table is tuned for one tile
     # height; a faster switch, e.g. the weight prefetch, must not make the shipped table win)
@@ -297,6 +307,34 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
             {"mode": "c", "block_sizes": "shipped", "switches_as_shipped": False, "T": 1, "ms": 1.0}]
     assert gpu_modes.fastest_table(rows) == "swept"
     assert gpu_modes.fastest_table(rows[2:]) == "shipped"  # nothing timed with the shipped switches
+
+
+def test_gpu_rows_times_the_verify_switches_each_flipped():
+    """Tall tiles, attention items per SM and the merge's widths: each other value one mode beside the shipped ones,
+    set for the captures and restored after."""
+    from benchmarks import gpu_modes
+    from dfvg.gpu import block_sizes, decode_attention, fused
+
+    tables = {"shipped": block_sizes.tuned_rows()}
+    modes, shipped = gpu_modes.modes_of(tables), shipped_switches()
+    tall = [mode for name, mode in modes.items() if "unnormalized swapped launches" in name]
+    assert tall == [{**shipped, "tall_above": above} for above in (None, 16, 32, 48)
+                    if above != shipped["tall_above"]]
+    items = [mode for name, mode in modes.items() if "work items per SM" in name]
+    assert items == [{**shipped, "items": n} for n in gpu_modes.ITEMS if n != shipped["items"]] and items
+    merges = [mode for name, mode in modes.items() if "attention merging" in name]
+    assert merges == [{**shipped, "merge": pair} for pair in gpu_modes.MERGES if pair != shipped["merge"]] and merges
+    try:
+        gpu_modes._set_mode(merges[-1], tables)
+        assert (decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS,
+                decode_attention.COMBINE_COLUMNS) == merges[-1]["merge"]
+        gpu_modes._set_mode(items[-1], tables)
+        assert decode_attention.ITEMS_PER_SM == items[-1]["items"] != shipped["items"]
+        gpu_modes._set_mode(tall[0], tables)
+        assert fused.TALL_TILES_ABOVE == tall[0]["tall_above"] != shipped["tall_above"]
+    finally:
+        gpu_modes._set_mode(shipped, tables)
+    assert gpu_modes.current_mode() == shipped
 
 
 def test_draft_block_compares_the_shipped_table_with_split_k_on_the_drafts_shapes_only(capsys):

@@ -227,9 +227,14 @@ def invariance_failures(device: str, max_rows: int, splits=(1, 3), swap: bool = 
                            for i in range(max_rows)])
         alone_res = torch.cat([fused.fused_linear(x[i:i + 1], w[:n], residual=res[i:i + 1], bias=g[:n],
                                                   config=cfg) for i in range(max_rows)])
-        for t in sorted({1, 2, 5, 16, 17, max_rows}):
+        # gate/up as it runs on the O launch's normalized rows: with SWAP_AB one tall tile over TALL_TILES_ABOVE rows
+        alone_unnormed = torch.cat([fused.fused_linear(x[i:i + 1], w, swiglu=True, config=cfg)
+                                    for i in range(max_rows)])
+        for t in sorted({1, 2, 5, 16, 17, min(49, max_rows), max_rows}):  # 49: a part-filled 64-row tile
             if not torch.equal(fused.fused_linear(x[:t], w, norm=g, swiglu=True, config=cfg), alone[:t]):
                 failures.append(f"swiglu split {split} T={t}")
+            if not torch.equal(fused.fused_linear(x[:t], w, swiglu=True, config=cfg), alone_unnormed[:t]):
+                failures.append(f"swiglu without norm split {split} T={t}")
             if not torch.equal(fused.fused_linear(x[:t], w[:n], residual=res[:t], bias=g[:n], config=cfg),
                                alone_res[:t]):
                 failures.append(f"residual split {split} T={t}")
@@ -244,6 +249,19 @@ def invariance_failures(device: str, max_rows: int, splits=(1, 3), swap: bool = 
         with attention_programs(wanted, programs):
             failures += [f"attention T={t} items {wanted} programs {programs}" for t in (2, 5, max_rows)
                          if not torch.equal(attention(q[:t], kc, vc, pos[:t], dims), alone[:t])]
+    # merge steps by each row's own position: with COMBINE_SHORT = 2, rows up to position 127 merge 2 splits in one
+    # step, later rows 64 a step, in one launch. (A width at least a row's split count adds the same values in the same
+    # tree, so this guards the state indexing and each row's own split count; the accuracy tests guard the values.)
+    from dfvg.gpu import decode_attention
+
+    shipped, decode_attention.COMBINE_SHORT = decode_attention.COMBINE_SHORT, 2
+    try:
+        at = torch.arange(128 - max_rows // 2, 128 + max_rows - max_rows // 2, device=device)
+        tiers = torch.cat([attention(q[i:i + 1], kc, vc, at[i:i + 1], dims) for i in range(max_rows)])
+        failures += [f"attention merge tiers T={t}" for t in (max_rows // 2 + 1, max_rows)
+                     if not torch.equal(attention(q[:t], kc, vc, at[:t], dims), tiers[:t])]
+    finally:
+        decode_attention.COMBINE_SHORT = shipped
     return failures
 
 
@@ -278,6 +296,23 @@ def fused_switch(name: str, value):
         yield
     finally:
         setattr(fused, name, shipped)
+
+
+def test_only_unnormalized_swapped_launches_over_the_threshold_take_one_tall_tile():
+    """`fused._tile_rows`: 16-row tiles to TALL_TILES_ABOVE rows, for launches that normalize, and without SWAP_AB
+    (an mma.sync's M side); else one tile of the next power of two, at most MAX_ROWS."""
+    from dfvg.gpu import fused
+
+    swapped, plain = {"SWAP_AB": 1}, {"SWAP_AB": 0}
+    with fused_switch("TALL_TILES_ABOVE", 16):
+        got = [fused._tile_rows(rows, cfg, norm) for rows, cfg, norm in
+               ((1, swapped, False), (16, swapped, False), (17, swapped, False), (32, swapped, False),
+                (33, swapped, False), (64, swapped, False), (64, swapped, True), (64, plain, False), (64, {}, False))]
+    assert got == [16, 16, 32, 32, 64, 64, 16, 16, 16]
+    above = fused.TALL_TILES_ABOVE  # as shipped
+    assert [fused._tile_rows(rows, swapped, False) for rows in (above, above + 1)] == [16, 64]
+    with fused_switch("TALL_TILES_ABOVE", None):
+        assert fused._tile_rows(64, swapped, False) == 16
 
 
 def tile_rows(rows: int):
@@ -380,8 +415,9 @@ def epilogue_first_checks(device: str) -> list[float]:
 
 
 def swapped_checks(stack: bool = False) -> list[float]:
-    """[rows that differ from their one-row launch, a layer's output error, its K's error], every launch swapped."""
-    with swapped_blocks(), fused_switch("STACKED_PAIR", stack):
+    """[rows that differ from their one-row launch, a layer's output error, its K's error], every launch swapped;
+    tall tiles from 17 rows (shipped from 49), so rows 17..20 of the unnormalized launches take one 32-row tile."""
+    with swapped_blocks(), fused_switch("STACKED_PAIR", stack), fused_switch("TALL_TILES_ABOVE", 16):
         return [len(invariance_failures("cpu", 20, swap=True)),
                 *layer_errors(small_model(32, "cpu"), 3, 70, cache_len=160)]
 

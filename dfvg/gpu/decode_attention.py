@@ -174,29 +174,18 @@ if HAVE_TRITON:
                           item // (KV_HEADS * live.to(tl.int32)), groups.to(tl.int32), end,
                           HEADS, KV_HEADS, HD, F32, BM, BS, TREE, DEPTH)
 
-    @triton.jit(do_not_specialize=["rows"])
-    def _attention_combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
-                                  KV_HEADS: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
-                                  NS: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr):
-        """Program (head, row, BD columns): merge the live splits' (m, l, acc) of one query row -> out
-        [rows, HEADS*HD]. Columns in separate programs so a 32k context (512 splits) is not a few long
-        serial loops. Splits past the row's own position hold m = -inf and add exact zeros, so the sum is
-        the one a T = 1 step makes."""
-        GROUP: tl.constexpr = HEADS // KV_HEADS
-        _after_previous_launch(PDL)
-        _let_next_launch_start(TRIGGER)
-        head = tl.program_id(0)
-        t = tl.program_id(1)
-        kv = head // GROUP
-        live_splits = (tl.load(pos_ptr + rows - 1) + BS) // BS
-        d = tl.program_id(2) * BD + tl.arange(0, BD)
+    @triton.jit
+    def _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, splits, d, KV_HEADS: tl.constexpr,
+                      HD: tl.constexpr, BM: tl.constexpr, NS: tl.constexpr, BD: tl.constexpr):
+        """One query row's partial softmax states (m, l, acc at columns d) of splits 0..splits-1, merged NS splits a
+        step in split order -> (l, acc [BD]). One loop for both widths (`COMBINE_SHORT`), so they differ only in NS."""
         m_run = -float("inf")
         l_run = 0.0
         acc = tl.zeros((BD,), tl.float32)
-        for s0 in range(0, live_splits, NS):
+        for s0 in range(0, splits, NS):
             sp = s0 + tl.arange(0, NS)
-            live = sp < live_splits
-            state = ((sp * KV_HEADS + kv) * rows + t) * BM + head % GROUP
+            live = sp < splits
+            state = ((sp * KV_HEADS + kv) * rows + t) * BM + row_in_tile
             m = tl.load(m_ptr + state, mask=live, other=-float("inf"))
             m_new = tl.maximum(m_run, tl.max(m, axis=0))
             m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
@@ -206,11 +195,48 @@ if HAVE_TRITON:
             part = tl.load(acc_ptr + state[:, None] * HD + d[None, :], mask=live[:, None], other=0.0)
             acc = acc * scale_old + tl.sum(w[:, None] * part, axis=0)
             m_run = m_new
+        return l_run, acc
+
+    @triton.jit(do_not_specialize=["rows"])
+    def _attention_combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
+                                  KV_HEADS: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
+                                  NS: tl.constexpr, SHORT: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr,
+                                  TRIGGER: tl.constexpr):
+        """Program (head, row, BD columns): merge the splits that hold the row's positions -> out [rows, HEADS*HD]:
+        SHORT at a time where they are at most SHORT (0: never), else NS at a time. Columns in separate programs so
+        a 32k context (512 splits) is not a few long serial loops. Both the split count and the step width follow
+        the row's own position, never the step's other rows (later splits of a T-row step hold m = -inf for this
+        row and would add exact zeros), so the sum is the one a T = 1 step makes."""
+        GROUP: tl.constexpr = HEADS // KV_HEADS
+        _after_previous_launch(PDL)
+        _let_next_launch_start(TRIGGER)
+        head = tl.program_id(0)
+        t = tl.program_id(1)
+        own_splits = (tl.load(pos_ptr + t) + BS) // BS
+        d = tl.program_id(2) * BD + tl.arange(0, BD)
+        kv, row_in_tile = head // GROUP, head % GROUP
+        if SHORT > 0:  # (constexpr: arange(0, 0) does not compile)
+            if own_splits <= SHORT:
+                l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS,
+                                           HD, BM, SHORT, BD)
+            else:
+                l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS,
+                                           HD, BM, NS, BD)
+        else:
+            l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS, HD,
+                                       BM, NS, BD)
         out = acc / tl.where(l_run == 0, 1.0, l_run)
         tl.store(out_ptr + t * (HEADS * HD) + head * HD + d, out.to(tl.bfloat16))
 
 
 ATTENTION_SPLIT = 64  # cache slots per attention program
+# The merge launch: splits a program merges per loop step (COMBINE_SHORT where a row's positions fill at most that
+# many splits, else COMBINE_SPLITS; 0: always COMBINE_SPLITS), and head columns per program. They group a row's sums
+# by its own position, never by T. Against 64 at every context (H100, context 512): 16 a step 0.989x at T = 1, 0.977x
+# at T = 64, but 1.13x at T = 1 at a 32k context, hence two (RESULTS.md, 2026-12-06 afternoon). gpu_modes.py times.
+COMBINE_SPLITS = 64
+COMBINE_SHORT = 16
+COMBINE_COLUMNS = 32
 
 
 TILE = 16  # query rows of one attention tile: one token's GQA heads, padded (the smallest MMA height)
@@ -236,11 +262,17 @@ def _split_programs(device: torch.device) -> int:
     return SPLIT_PROGRAMS_PER_SM * _multiprocessors(device)
 
 
+# Work items the split launch aims at per SM (`_programs_wanted`): at a short context a verify step's tokens spread
+# over about this many items a SM, a few tokens each. Against 2 (H100, context 512): 0.982x at T = 64, T <= 17 alike;
+# 8: 1.014x at T = 48 and 1.02-1.06x at 32k (RESULTS.md, 2026-12-06 afternoon; gpu_modes.py times others).
+ITEMS_PER_SM = 4
+
+
 def _programs_wanted(device: torch.device) -> int:
-    """About how many attention work items keep `device` busy (2 per SM); with SHARE_KV off, no limit."""
+    """About how many attention work items keep `device` busy (`ITEMS_PER_SM`); with SHARE_KV off, no limit."""
     if not SHARE_KV:
         return 2 ** 30
-    return 2 * _multiprocessors(device)
+    return ITEMS_PER_SM * _multiprocessors(device)
 
 
 def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
@@ -264,9 +296,8 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
                                   BM=TILE, BS=ATTENTION_SPLIT, TREE=tree is not None,
                                   DEPTH=anc.shape[-1] if tree else 1, PDL=pdl, num_warps=4, launch_pdl=pdl)
     out = torch.empty_like(q)
-    block_d = min(hd, 32)
-    _attention_combine_kernel[(heads, rows, hd // block_d)](pos, m, l_sum, acc, out, rows, HEADS=heads,
-                                                            KV_HEADS=kv_heads, HD=hd, BM=TILE, BS=ATTENTION_SPLIT,
-                                                            NS=64, BD=block_d, PDL=pdl, TRIGGER=trigger,
-                                                            num_warps=4, launch_pdl=pdl)
+    block_d = min(hd, COMBINE_COLUMNS)
+    _attention_combine_kernel[(heads, rows, hd // block_d)](
+        pos, m, l_sum, acc, out, rows, HEADS=heads, KV_HEADS=kv_heads, HD=hd, BM=TILE, BS=ATTENTION_SPLIT,
+        NS=COMBINE_SPLITS, SHORT=COMBINE_SHORT, BD=block_d, PDL=pdl, TRIGGER=trigger, num_warps=4, launch_pdl=pdl)
     return out

@@ -14,26 +14,23 @@ and the LM head is one more `fused_linear` (RMSNorm -> x Wout^T). Each is a GEMV
 weight matrix with the small prologue/epilogue work folded in.
 
 **Batch-invariant rows.** Speculative decoding is lossless only if a verify step's row computes what a
-one-token decode step computes for that token. In bf16 that means the same bits: a different reduction
-order rounds differently, and a near-tie in the argmax then flips (13/20 prompts matched plain decoding
-when the T = 1 step had its own GEMV kernel and the verify rows took tensor-core tiles and cuBLAS). So
-every row count runs the same code per row:
+one-token decode step computes for that token: in bf16 the same bits, or a near-tie in the argmax flips (13/20
+prompts matched plain decoding when verify rows took other kernels than the T = 1 step). So every row count
+runs the same code per row:
 
-- rows go through tensor-core tiles of a fixed height (`TILE_ROWS`): one row of a decode step is row 0 of
-  a tile padded with zeros, and a row's products and their summation order do not depend on the tile's
-  other rows; more than `TILE_ROWS` rows take more tiles, each its own program next to the others (so the
-  weight tile each loads comes from HBM once and from L2 after; `dfvg.gpu.gemv_stream`);
+- rows go through tensor-core tiles (`TILE_ROWS`, `TALL_TILES_ABOVE`); a row's products and their summation
+  order do not depend on the tile's other rows or height; a tile is its own program next to the others
+  (the weight tile each loads comes from HBM once and from L2 after; `dfvg.gpu.gemv_stream`);
 - block sizes and split-K depend on the weight shape only (`dfvg.gpu.block_sizes`), never on T;
-- split-K partial sums are added in split order by the last program to finish (a per-tile counter), not
-  by atomics, so the order is fixed;
+- split-K partial sums are added in split order by the last program to finish (a per-tile counter);
 - RMSNorm's 1/RMS is a first pass over the row in fixed steps, the same for every row count, and launch 3
   normalizes for launch 4 only where both split a row's columns alike (`NORM_IN_PRODUCER_ABOVE`, `_norms_alike`);
 - attention packs the GQA heads of one row into a fixed 16-row tile at a fixed place; splits past a row's
   position add exact zeros.
 
-`tests/test_gpu_fused.py` checks rows of T = 1..64 for equality with T = 1 bit for bit on the GPU.
-Arithmetic follows `dfvg.model` (float32 accumulation and softmax, bf16 rounding where the reference
-rounds), not bit for bit: `gpu/check_kernels.py` and the gpu-marked tests bound that difference.
+`tests/test_gpu_fused.py` checks rows of T = 1..64 against T = 1 bit for bit on the GPU. Arithmetic follows
+`dfvg.model` (float32 sums and softmax, bf16 rounding where it rounds), not bit for bit: `gpu/check_kernels.py`
+and the gpu-marked tests bound that difference.
 
 Not covered (callers fall back to the compiled block): Qwen3's per-head q/k norm, head_dim not a power of
 two >= 16, GQA groups over 16 heads, more than `MAX_ROWS` rows, machines without Triton.
@@ -52,17 +49,12 @@ from dfvg.gpu.gemv_stream import ROW_COUNTERS, new_counters, row_counters, split
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.gpu.tree_rows import TreeRows
 
-# Rows of one tensor-core tile: 16, the smallest MMA height. Every launch reads it when called (a captured graph
-# keeps the height it was captured with); benchmarks/gpu_rows.py also times 32 and 64, which would make a verify
-# of up to 32 or 64 rows one tile, at the price of a taller tile for a one-row decode step.
+# Rows of one tensor-core tile: 16, the smallest MMA height (read at each launch; a captured graph keeps its own).
 TILE_ROWS = 16
-MAX_ROWS = 64  # new tokens per launch: MAX_ROWS / TILE_ROWS row tiles
-# A GEMV launch may stream its weights while the launch before it drains (programmatic dependent launch, sm_90; no
-# bit changes: weights are read-only during a step): before its wait, each program asks L2 for the first
-# PREFETCH_COLUMNS columns of its weight rows (`gemv_stream._prefetch_weights`; 0: none), overlapping with
-# `decode_attention.EARLY_TRIGGER`. All columns would ask for about L2's size at once in gate/up and the LM head,
-# hence a bound. (Every thread issuing the row prefetches cost 1.28-1.47x in redundant L2 requests, RESULTS.md,
-# 2026-12-04 14:55 UTC; here each thread asks for its own piece.) Off: 1.02x per step (2026-12-05, H100).
+MAX_ROWS = 64  # new tokens per launch (MAX_ROWS / TILE_ROWS row tiles, or one tall tile)
+# Under PDL, each program of a GEMV launch asks L2 for the first PREFETCH_COLUMNS columns of its weight rows before its
+# wait (`gemv_stream._prefetch_weights`; 0: none; weights are read-only during a step, so no bit changes). Off: 1.02x
+# per step (2026-12-05, H100); every thread issuing whole rows cost 1.28-1.47x (RESULTS.md, 2026-12-04 14:55 UTC).
 PREFETCH_COLUMNS = 0
 # With a SWAP_AB entry (`block_sizes`), a pair's two weight blocks (gate and up; a RoPE head's halves) are one stacked
 # operand of one MMA per K step, waited for once (`gemv_stream._stream`). Unstacked against stacked, logits identical:
@@ -77,6 +69,10 @@ EPILOGUE_FIRST = False
 # T <= 16 unchanged; T = 17 0.979x (H100), 0.958x (H200); T = 64 0.938x, 0.924x. For all launches (0): 1.016x at T = 1
 # (H100; the O launch's serial tail costs more than gate/up saves on one row tile). benchmarks/RESULTS.md, 2026-12-06.
 NORM_IN_PRODUCER_ABOVE: int | None = 16
+# Launches of more rows than this with rows as the MMA's N side (SWAP_AB), no RMSNorm on either side (down; gate/up on
+# the O launch's rows) take one tile of up to 64 rows (`_tile_rows`; None: never), so one program streams each weight
+# tile. Rows equal one-row launches (tests). H100, ctx 512: T = 64 0.959x; T = 33, 48 1.018x (RESULTS.md, 2026-12-06).
+TALL_TILES_ABOVE: int | None = 48
 
 if HAVE_TRITON:
     import triton
@@ -257,7 +253,15 @@ def _config(n: int, k: int, device: torch.device, config: dict | None) -> dict:
     return {**linear_config(n, k), **(config or {})}
 
 
-def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool) -> dict:
+def _tile_rows(rows: int, cfg: dict, normalizes: bool) -> int:
+    """Rows of a launch's row tiles (`TALL_TILES_ABOVE`): a normalizing launch keeps `TILE_ROWS` because its 1/RMS
+    sums must split a row as the one-row launch does; an mma.sync (no SWAP_AB) would take the rows as its M side."""
+    if TALL_TILES_ABOVE is None or rows <= TALL_TILES_ABOVE or normalizes or not cfg.get("SWAP_AB"):
+        return TILE_ROWS
+    return max(TILE_ROWS, min(MAX_ROWS, 1 << (rows - 1).bit_length()))
+
+
+def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows: int) -> dict:
     """Keyword arguments of a fused GEMV launch: its block sizes, programmatic dependent launch where the GPU
     has it, and with it the weight prefetch and early trigger where switched on. A prefetch asks for whole
     16-byte units from 16-byte aligned rows (K and the column count multiples of 8), a piece per thread, so
@@ -266,16 +270,11 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool) -> dict:
     threads = 32 * cfg["num_warps"]
     can_prefetch = (pdl and weight.data_ptr() % 16 == 0 and weight.shape[1] % 8 == 0
                     and (2 if pair else 1) * cfg["BN"] <= threads)
-    return {"BT": TILE_ROWS, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
+    return {"BT": tile_rows, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
             "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": STACKED_PAIR, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl,
             "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "TRIGGER": early_trigger_on(x.device),
             "THREADS": threads, "EARLY": EPILOGUE_FIRST}
-
-
-def _grid(cfg: dict, blocks: int, rows: int) -> tuple[int]:
-    """One program per (weight block, K split, row tile)."""
-    return (blocks * cfg["SPLIT_K"] * triton.cdiv(rows, TILE_ROWS),)
 
 
 def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias: Tensor | None = None,
@@ -308,15 +307,16 @@ def _linear(x: Tensor, weight: Tensor, norm, bias, residual, swiglu: bool, eps: 
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     cfg = _config(n, k, x.device, config)
     blocks = triton.cdiv(n, cfg["BN"])
-    k_len, parts, split_counters = split_buffers(cfg, blocks, rows, k, x.device, counters, TILE_ROWS)
+    tile = _tile_rows(rows, cfg, norm is not None or next_norm is not None)
+    k_len, parts, split_counters = split_buffers(cfg, blocks, rows, k, x.device, counters, tile)
     out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
     normed = torch.empty_like(out) if next_norm is not None else None
     row_count = split_counters if normed is None else row_counters(counters, x.device)  # (unread without a norm)
-    _linear_kernel[_grid(cfg, blocks, rows)](
+    _linear_kernel[(blocks * cfg["SPLIT_K"] * triton.cdiv(rows, tile),)](  # (weight block, K split, row tile)
         x, x.stride(0), norm if norm is not None else weight, weight, bias if bias is not None else weight,
         residual if residual is not None else weight, out, parts, split_counters, rows, n, k, k_len, eps,
         NORM=norm is not None, SWIGLU=swiglu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        F32=INTERPRETED, **_launch_options(x, weight, cfg, swiglu), xn_ptr=out if normed is None else normed,
+        F32=INTERPRETED, **_launch_options(x, weight, cfg, swiglu, tile), xn_ptr=out if normed is None else normed,
         gn_ptr=weight if next_norm is None else next_norm, row_count_ptr=row_count,
         NORM_OUT=0 if next_norm is None else n)
     return out, normed
@@ -334,11 +334,11 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
     blocks = (heads + 2 * kv_heads) * (hd // 2 // cfg["BN"])
     k_len, parts, counters = split_buffers(cfg, blocks, rows, k, x.device, counters, TILE_ROWS)
     q = torch.empty(rows, heads * hd, dtype=x.dtype, device=x.device)
-    _qkv_rope_kernel[_grid(cfg, blocks, rows)](
+    _qkv_rope_kernel[(blocks * cfg["SPLIT_K"] * triton.cdiv(rows, TILE_ROWS),)](
         x, norm, weight, bias if bias is not None else weight, pos, pos if slots is None else slots, cos, sin, q,
         kc, vc, parts, counters, rows, k,
         k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None, F32=INTERPRETED,
-        **_launch_options(x, weight, cfg, True))
+        **_launch_options(x, weight, cfg, True, TILE_ROWS))
     return q
 
 

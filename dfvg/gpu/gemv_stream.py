@@ -1,12 +1,13 @@
 """The weight stream under every fused GEMV launch (`dfvg.gpu.fused`): the K loop, RMSNorm's prologue and
-the fixed-order split-K reduction, for one 16-row tile of rows per program; and the scratch buffers those
-reductions count in.
+the fixed-order split-K reduction, for one tile of rows per program (16 rows, or one tall tile:
+`fused.TALL_TILES_ABOVE`); and the scratch buffers those reductions count in.
 
 Why here and not in `fused`: both launches (QKV + RoPE, and the plain/SwiGLU/residual linear) run this same
 loop and differ only in their epilogues; the rules that make rows batch-invariant live in one place:
-each row tile is its own program's `TILE_ROWS`-row dot in the same k order, and split-K partial sums are added
-in split order by the program that finishes last. (Up to 4 row tiles per program, sharing each loaded weight
-tile, measured slower above 16 rows and was removed: benchmarks/RESULTS.md, 2026-12-04 17:48 UTC.)
+each row tile is its own program's dot in the same k order, and split-K partial sums are added in split order by
+the program that finishes last. (Up to 4 row tiles per program, each its own dot sharing the loaded weight tile,
+measured slower above 16 rows and was removed, 2026-12-04 17:48 UTC; one tall tile, a single wgmma of up to 64 rows
+as its N side, wins over 48 rows: benchmarks/RESULTS.md.)
 """
 
 from __future__ import annotations
