@@ -114,7 +114,7 @@ def programs_per_sm(regs: int, warps: int, shared: int) -> int:
 
 
 def one_row_programs(shape: tuple[int, int], cfg: dict) -> int:
-    """Programs of the launch at T = 1 (one row tile): output blocks x K splits (`fused._grid`); QKV + RoPE's
+    """Programs of the launch at T = 1 (one row tile): output blocks x K splits (`fused._linear`'s grid); QKV + RoPE's
     blocks are BN-column pieces of both halves of each of the 16 q/k/v heads of 128."""
     n = shape[0]
     blocks = n // 128 * (64 // min(cfg["BN"], 64)) if LAUNCHES[shape].startswith("qkv") else -(-n // cfg["BN"])

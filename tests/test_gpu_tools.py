@@ -135,7 +135,7 @@ def test_programs_per_sm_follow_registers_and_shared_memory():
     assert compile_sm90.programs_per_sm(32, 4, 120 * 1024) == 1  # shared memory binds
     assert compile_sm90.programs_per_sm(16, 32, 0) == 2  # 64 warps an SM
     assert compile_sm90.programs_per_sm(255, 4, 281 * 1024) == 0  # BN 128 x BK 256 gate/up: does not fit
-    # programs of a one-row launch (fused._grid): gate/up's 8960 / 32 blocks; QKV's 16 heads x 2 pieces x split 4
+    # programs of a one-row launch (weight blocks x K splits): gate/up's 8960 / 32 blocks; QKV's 16 heads x 2 pieces x 4
     assert compile_sm90.one_row_programs((8960, 1536), {"BN": 32, "SPLIT_K": 1}) == 280
     assert compile_sm90.one_row_programs((2048, 1536), {"BN": 32, "SPLIT_K": 4}) == 128
 

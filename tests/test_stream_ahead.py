@@ -115,7 +115,8 @@ def test_the_launcher_prefetches_only_under_pdl_with_aligned_rows(monkeypatch):
         monkeypatch.setattr(decode_attention, "pdl_on", lambda device: pdl)
         monkeypatch.setattr(fused, "PREFETCH_COLUMNS", columns)
         monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", trigger)
-        got = fused._launch_options(x, weight, config, pair)
+        got = fused._launch_options(x, weight, config, pair, fused.TILE_ROWS)
+        assert got["BT"] == fused.TILE_ROWS  # the launch's row-tile height, as `_tile_rows` chose it
         return got["PREFETCH"], got["TRIGGER"], got["THREADS"]
 
     assert options(aligned, True, 517, True) == (512, True, 128)
@@ -178,7 +179,7 @@ def launch_outputs(columns: int, trigger: bool, repeats: int = 20) -> list:
         cos, sin = torch.rand(64, 128, device="cuda"), torch.rand(64, 128, device="cuda")
         kc, vc = (torch.zeros(64, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         counters = fused.new_counters("cuda")
-        options = fused._launch_options(x, w2, fused.linear_config(1536, 8960), False)
+        options = fused._launch_options(x, w2, fused.linear_config(1536, 8960), False, fused.TILE_ROWS)
         assert options["PREFETCH"] == columns // 8 * 8 and options["TRIGGER"] == trigger, options
         outs = []
         for _ in range(repeats):
