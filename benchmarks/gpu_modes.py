@@ -34,7 +34,7 @@ def current_mode() -> dict:
             "early": fused.EPILOGUE_FIRST, "norm_in_producer": fused.NORM_IN_PRODUCER_ABOVE,
             "tall_above": fused.TALL_TILES_ABOVE, "items": decode_attention.ITEMS_PER_SM,
             "merge": (decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS,
-                      decode_attention.COMBINE_COLUMNS)}
+                      decode_attention.COMBINE_COLUMNS), "loads_first": fused.RMS_LOADS_FIRST}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
@@ -48,7 +48,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     (`fused.NORM_IN_PRODUCER_ABOVE`: the two other than shipped), with 16-row tiles for every launch or one tall tile
     for unnormalized swapped launches over 16 rows (`fused.TALL_TILES_ABOVE`, flipped), the attention's split launch
     aiming at other work items per SM (`decode_attention.ITEMS_PER_SM`: ITEMS), its merge launch in other pieces
-    (`decode_attention.COMBINE_*`: MERGES; other bits, the same for every T), and the GEMVs
+    (`decode_attention.COMBINE_*`: MERGES; other bits, the same for every T), RMSNorm's row loads issued together
+    or one 512-column step after another (`fused.RMS_LOADS_FIRST`, flipped), and the GEMVs
     streaming ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
     shipped = current_mode()
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
@@ -75,6 +76,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
               for above, which in tall.items() if above != shipped["tall_above"]}
     modes |= {f"shipped, attention aiming at {items} work items per SM": {**shipped, "items": items}
               for items in ITEMS if items != shipped["items"]}
+    together = "one after another" if shipped["loads_first"] else "together"  # fused.RMS_LOADS_FIRST flipped
+    modes[f"shipped, RMSNorm's row loads issued {together}"] = {**shipped, "loads_first": not shipped["loads_first"]}
     for short, splits, columns in (pieces for pieces in MERGES if pieces != shipped["merge"]):
         up_to = f" ({short} where a row's positions fill up to {short})" if short else ""
         modes[f"shipped, attention merging {splits} splits a step{up_to}, {columns} columns a program"] = {
@@ -96,6 +99,7 @@ def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
     decode_attention.SPLIT_PROGRAMS_PER_SM, decode_attention.ITEMS_PER_SM = mode["split_programs"], mode["items"]
     decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS, decode_attention.COMBINE_COLUMNS = mode["merge"]
+    fused.RMS_LOADS_FIRST = mode["loads_first"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's
     block_sizes.TUNED.update({(n, k): config for n, k, config in tables[mode["table"]]})
 

@@ -17,6 +17,7 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
     python gpu/compile_sm90.py --gpu H100 16      # the table an H100 or H200 runs (GPU_TABLES), not TUNED
     python gpu/compile_sm90.py --epilogue-first --unstacked 16  # fused.EPILOGUE_FIRST on / fused.STACKED_PAIR off
     python gpu/compile_sm90.py --over-16-rows 16      # a launch over 16 rows: O normalizes for gate/up
+    python gpu/compile_sm90.py --rms-loads-first 16   # fused.RMS_LOADS_FIRST on
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
     common = {"K": shape[1], "F32": False, "BT": height, "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
               "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": fused.STACKED_PAIR, "PDL": True,
               "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead, "THREADS": 32 * cfg["num_warps"],
-              "EARLY": fused.EPILOGUE_FIRST}
+              "EARLY": fused.EPILOGUE_FIRST, "LOADS_FIRST": fused.RMS_LOADS_FIRST}
     if what.startswith("qkv"):
         consts = {**common, "HEADS": 12, "KV_HEADS": 2, "HD": 128, "HAS_BIAS": True, "BN": min(cfg["BN"], 64)}
         return compiled(fused._qkv_rope_kernel, QKV, consts, cfg)
@@ -197,9 +198,10 @@ def main(argv: list[str]) -> None:
     ahead = "--stream-ahead" in argv
     fused.EPILOGUE_FIRST = fused.EPILOGUE_FIRST or "--epilogue-first" in argv
     fused.STACKED_PAIR = fused.STACKED_PAIR and "--unstacked" not in argv
+    fused.RMS_LOADS_FIRST = fused.RMS_LOADS_FIRST or "--rms-loads-first" in argv
     global OVER_ONE_TILE
     OVER_ONE_TILE = "--over-16-rows" in argv
-    switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--over-16-rows")
+    switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--over-16-rows", "--rms-loads-first")
     argv = [a for a in argv if a not in switches]
     shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
     gpu = _option(argv, "--gpu", "H100")

@@ -244,7 +244,8 @@ def shipped_switches() -> dict:
             "norm_in_producer": fused.NORM_IN_PRODUCER_ABOVE, "tall_above": fused.TALL_TILES_ABOVE,
             "items": decode_attention.ITEMS_PER_SM, "merge": (decode_attention.COMBINE_SHORT,
                                                               decode_attention.COMBINE_SPLITS,
-                                                              decode_attention.COMBINE_COLUMNS)}
+                                                              decode_attention.COMBINE_COLUMNS),
+            "loads_first": fused.RMS_LOADS_FIRST}
 
 
 def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
@@ -324,7 +325,11 @@ def test_gpu_rows_times_the_verify_switches_each_flipped():
     assert items == [{**shipped, "items": n} for n in gpu_modes.ITEMS if n != shipped["items"]] and items
     merges = [mode for name, mode in modes.items() if "attention merging" in name]
     assert merges == [{**shipped, "merge": pair} for pair in gpu_modes.MERGES if pair != shipped["merge"]] and merges
+    loads = [mode for name, mode in modes.items() if "row loads issued" in name]
+    assert loads == [{**shipped, "loads_first": not shipped["loads_first"]}]
     try:
+        gpu_modes._set_mode(loads[0], tables)
+        assert fused.RMS_LOADS_FIRST != shipped["loads_first"]
         gpu_modes._set_mode(merges[-1], tables)
         assert (decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS,
                 decode_attention.COMBINE_COLUMNS) == merges[-1]["merge"]

@@ -474,6 +474,40 @@ def test_fused_layers_say_why_they_do_not_apply():
     assert fused.supported(model) in ("Triton is not installed", "the model is not on a CUDA device")
 
 
+def loads_first_failures(device: str) -> list[str]:
+    """`fused.RMS_LOADS_FIRST`: launches that normalize (RMSNorm + SwiGLU over K = 1536, three 512-column steps; the O
+    launch normalizing rows of 1536 for the next) must give the same bits with every step's x tile loaded first."""
+    from dfvg.gpu import fused
+
+    torch.manual_seed(5)
+    k, n, rows = 1536, 48, 5
+    w = (torch.randn(2 * n, k) * k ** -0.5).to(device, torch.bfloat16)
+    w_o = torch.randn(k, 64).to(device, torch.bfloat16)
+    g, x = (torch.rand(k) + 0.5).to(device, torch.bfloat16), (torch.randn(rows, k) * 3).to(device, torch.bfloat16)
+    h = torch.randn(rows, 64).to(device, torch.bfloat16)
+
+    def outputs() -> list:
+        return [fused.fused_linear(x, w, norm=g, swiglu=True), *fused.linear_then_norm(h, w_o, g, residual=x)]
+
+    before = outputs()
+    with fused_switch("RMS_LOADS_FIRST", not fused.RMS_LOADS_FIRST):
+        after = outputs()
+    return [name for name, a, b in zip(("rmsnorm + swiglu", "o out", "o normalized"), before, after, strict=True)
+            if not torch.equal(a, b)]
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
+def test_rms_loads_first_changes_no_bit_under_triton_interpreter():
+    assert interpreted("[len(t.loads_first_failures('cpu'))]") == [0.0]
+
+
+@pytest.mark.gpu
+def test_rms_loads_first_changes_no_bit_on_gpu():
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    assert loads_first_failures("cuda") == []
+
+
 def norm_in_producer_checks(device: str) -> list[float]:
     """[rows that differ from their one-row launch, how far the next launch's input is from the norm it replaces
     (0.0: the same bits), 1.0 if a second launch on the same counters equals the first, a layer's output error

@@ -183,6 +183,39 @@ def test_norm_cost_refuses_a_tuned_file_that_is_not_a_sweeps_in_one_line(text, s
     assert exited.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_rms_loads_first_issues_every_x_load_before_the_first_barrier():
+    """`fused.RMS_LOADS_FIRST`, compiled for sm_90 (the H100/H200 table, gate/up with its own RMSNorm over K = 1536):
+    the 1/RMS pass's x loads are all issued before its first cross-warp barrier (three 512-column steps: three times
+    the loads the shipped order issues there, one step's), and the O launch's normalization still sums a row's
+    squares as gate/up does (`test_the_o_launch_sums_a_rows_squares_as_gate_up_does`)."""
+    from dfvg.gpu import block_sizes, fused
+    from dfvg.gpu.kernels import HAVE_TRITON
+
+    if not HAVE_TRITON:
+        pytest.skip("Triton is not installed")
+    sys.path.insert(0, str(ROOT / "gpu"))
+    try:
+        import compile_sm90
+    finally:
+        sys.path.pop(0)
+    gate_up, o_shape = (8960, 1536), (1536, 1536)
+
+    def compiled(shape: tuple[int, int], over: bool, first: bool):
+        shipped, fused.RMS_LOADS_FIRST = fused.RMS_LOADS_FIRST, first
+        try:
+            return compile_sm90.compiled_launch(16, shape, cfg=block_sizes.HOPPER[shape], over_one_tile=over).asm
+        finally:
+            fused.RMS_LOADS_FIRST = shipped
+
+    def loads_before_barrier(ptx: str) -> int:
+        return ptx[:ptx.index("bar.sync")].count("ld.global")
+
+    together, one_by_one = compiled(gate_up, False, True), compiled(gate_up, False, False)
+    assert loads_before_barrier(together["ptx"]) == 3 * loads_before_barrier(one_by_one["ptx"]) > 0
+    by_o = row_sum_layouts(compiled(o_shape, True, True)["ttgir"])
+    assert len(by_o) == 1 and by_o == row_sum_layouts(together["ttgir"]), by_o
+
+
 def row_sum_layouts(ttgir: str) -> set[tuple[str, ...]]:
     """How each row sum of a compiled launch (`tt.reduce` over axis 1 of a 2-D float32 tile) splits a row: the
     columns' elements per thread, lanes and warps, and the order, from its TTGIR's blocked layouts."""

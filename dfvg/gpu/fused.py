@@ -29,8 +29,7 @@ runs the same code per row:
   position add exact zeros.
 
 `tests/test_gpu_fused.py` checks rows of T = 1..64 against T = 1 bit for bit on the GPU. Arithmetic follows
-`dfvg.model` (float32 sums and softmax, bf16 rounding where it rounds), not bit for bit: `gpu/check_kernels.py`
-and the gpu-marked tests bound that difference.
+`dfvg.model` (float32 sums, bf16 rounding where it rounds); `gpu/check_kernels.py` and GPU tests bound the rest.
 
 Not covered (callers fall back to the compiled block): Qwen3's per-head q/k norm, head_dim not a power of
 two >= 16, GQA groups over 16 heads, more than `MAX_ROWS` rows, machines without Triton.
@@ -52,27 +51,27 @@ from dfvg.gpu.tree_rows import TreeRows
 # Rows of one tensor-core tile: 16, the smallest MMA height (read at each launch; a captured graph keeps its own).
 TILE_ROWS = 16
 MAX_ROWS = 64  # new tokens per launch (MAX_ROWS / TILE_ROWS row tiles, or one tall tile)
-# Under PDL, each program of a GEMV launch asks L2 for the first PREFETCH_COLUMNS columns of its weight rows before its
-# wait (`gemv_stream._prefetch_weights`; 0: none; weights are read-only during a step, so no bit changes). Off: 1.02x
-# per step (2026-12-05, H100); every thread issuing whole rows cost 1.28-1.47x (RESULTS.md, 2026-12-04 14:55 UTC).
+# Under PDL, each GEMV program asks L2 for the first PREFETCH_COLUMNS columns of its weight rows before its wait
+# (`gemv_stream._prefetch_weights`; 0: none; same bits). Off: 1.02x per step (H100, RESULTS.md 2026-12-05).
 PREFETCH_COLUMNS = 0
-# With a SWAP_AB entry (`block_sizes`), a pair's two weight blocks (gate and up; a RoPE head's halves) are one stacked
-# operand of one MMA per K step, waited for once (`gemv_stream._stream`). Unstacked against stacked, logits identical:
-# H100 1.032x and 1.020x at T = 1, 1.06x at T = 64; H200 1.047x at T = 1 (RESULTS.md, 2026-12-06).
+# With SWAP_AB, a pair's two weight blocks (gate and up; a RoPE head's halves) are one MMA operand per K step, waited
+# for once. Unstacked: H100 1.02-1.03x at T = 1, 1.06x at T = 64; H200 1.047x at T = 1 (RESULTS.md, 2026-12-06).
 STACKED_PAIR = True
-# Each GEMV launch loads its epilogue's inputs (residual, bias; QKV's positions, cos, sin, slots) after its wait, before
-# the weight loop, overlapping their L2 round trips with the stream; same bits, more registers. Off: H100 0.994x at
-# T = 1 unstacked, 1.005x and 0.999x with STACKED_PAIR (2026-12-06).
+# Each GEMV launch loads its epilogue's inputs (residual, bias; RoPE's positions, cos, sin, slots) right after its wait;
+# same bits. On against off: H100 0.994x at T = 1 unstacked, 1.005x and 0.999x with STACKED_PAIR (2026-12-06).
 EPILOGUE_FIRST = False
 # Launches of more rows than this take gate/up's input normalized by the O launch (`linear_then_norm`; None: never, 0:
-# all) where both sum a row's squares alike (`_norms_alike`; tests/test_gpu_fused.py, gpu_rows.py's rows).
-# T <= 16 unchanged; T = 17 0.979x (H100), 0.958x (H200); T = 64 0.938x, 0.924x. For all launches (0): 1.016x at T = 1
-# (H100; the O launch's serial tail costs more than gate/up saves on one row tile). benchmarks/RESULTS.md, 2026-12-06.
+# all) where both sum a row's squares alike (`_norms_alike`). T = 17 0.979x (H100), 0.958x (H200); T = 64 0.938x,
+# 0.924x; for all (0): 1.016x at T = 1 (H100: the O launch's serial tail outweighs the saving). RESULTS.md, 2026-12-06.
 NORM_IN_PRODUCER_ABOVE: int | None = 16
 # Launches of more rows than this with rows as the MMA's N side (SWAP_AB), no RMSNorm on either side (down; gate/up on
 # the O launch's rows) take one tile of up to 64 rows (`_tile_rows`; None: never), so one program streams each weight
 # tile. Rows equal one-row launches (tests). H100, ctx 512: T = 64 0.959x; T = 33, 48 1.018x (RESULTS.md, 2026-12-06).
 TALL_TILES_ABOVE: int | None = 48
+# RMSNorm's 1/RMS pass loads every step's x tile before summing any (`gemv_stream._inv_rms`): the sm_90 PTX otherwise
+# waits one L2 round trip per 512 columns before the weight stream starts (QKV, gate/up, LM head; O's tail). Same bits.
+# Off until a lease times it (gpu_modes.py); built 2026-12-06 without a GPU.
+RMS_LOADS_FIRST = False
 
 if HAVE_TRITON:
     import triton
@@ -121,7 +120,8 @@ if HAVE_TRITON:
                        HAS_RES: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr,
                        PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr,
-                       EARLY: tl.constexpr, xn_ptr, gn_ptr, row_count_ptr, NORM_OUT: tl.constexpr):
+                       EARLY: tl.constexpr, xn_ptr, gn_ptr, row_count_ptr, NORM_OUT: tl.constexpr,
+                       LOADS_FIRST: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU; with
         NORM_OUT (= N; 0: none), also xn = RMSNorm(out) * gn (`gemv_stream._normalize_rows`)."""
         block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
@@ -132,7 +132,7 @@ if HAVE_TRITON:
         if EARLY:  # `EPILOGUE_FIRST`: their round trip overlaps the weight stream
             bias, res = _linear_inputs(t0, n0, b_ptr, res_ptr, rows, N, True, HAS_BIAS, HAS_RES, BT, BN)
         acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0, split * k_len, k_len, K,
-                              eps, NORM, SWIGLU, F32, BT, BN, BK, SWAP_AB, STACK)
+                              eps, NORM, SWIGLU, F32, BT, BN, BK, SWAP_AB, STACK, LOADS_FIRST)
         _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
@@ -143,7 +143,7 @@ if HAVE_TRITON:
         _linear_out(acc, acc_up, bias, res, t0, n0, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES, BT, BN)
         if NORM_OUT:
             _normalize_rows(out_ptr, xn_ptr, gn_ptr, row_count_ptr, rows, t0, NORM_OUT, eps, last, tl.cdiv(N, BN),
-                            BT)
+                            BT, LOADS_FIRST)
 
     @triton.jit
     def _rope_inputs(t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, rows, need, HEADS: tl.constexpr,
@@ -209,7 +209,8 @@ if HAVE_TRITON:
                          KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
                          BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                          SWAP_AB: tl.constexpr, STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-                         TRIGGER: tl.constexpr, THREADS: tl.constexpr, EARLY: tl.constexpr):
+                         TRIGGER: tl.constexpr, THREADS: tl.constexpr, EARLY: tl.constexpr,
+                         LOADS_FIRST: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
         position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
@@ -227,7 +228,7 @@ if HAVE_TRITON:
                                 KV_HEADS, HD, HAS_BIAS, BT, BN)
         acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
                                  rows, t0, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK, SWAP_AB,
-                                 STACK)
+                                 STACK, LOADS_FIRST)
         _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
@@ -274,7 +275,7 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows:
             "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": STACKED_PAIR, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl,
             "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "TRIGGER": early_trigger_on(x.device),
-            "THREADS": threads, "EARLY": EPILOGUE_FIRST}
+            "THREADS": threads, "EARLY": EPILOGUE_FIRST, "LOADS_FIRST": RMS_LOADS_FIRST}
 
 
 def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias: Tensor | None = None,
@@ -293,8 +294,7 @@ def linear_then_norm(x: Tensor, weight: Tensor, next_norm: Tensor, *, bias: Tens
                      residual: Tensor | None = None, eps: float = 1e-6, config: dict | None = None,
                      counters: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`fused_linear` (no input norm, no SwiGLU) that also returns RMSNorm(out) * next_norm, the next launch's
-    input (`NORM_IN_PRODUCER_ABOVE`), from the same launch: (out [T, N], normalized [T, N] bf16). The bits equal the
-    next launch's own norm where `_norms_alike`."""
+    input (`NORM_IN_PRODUCER_ABOVE`): (out [T, N], normalized [T, N] bf16), its own norm's bits where `_norms_alike`."""
     return _linear(x, weight, None, bias, residual, False, eps, None, config, counters, next_norm)
 
 

@@ -110,24 +110,34 @@ if HAVE_TRITON:
 
     @triton.jit
     def _inv_rms(x_ptr, x_stride, rows, t0, K: tl.constexpr, eps, BT: tl.constexpr, BK: tl.constexpr,
-                 FROM_L2: tl.constexpr = False):
+                 FROM_L2: tl.constexpr = False, LOADS_FIRST: tl.constexpr = False):
         """1/RMS of rows t0..t0+BT of x [BT], summed in fixed BK steps (the same order for every row count).
 
-        Unrolled, so every load of x is in flight at once: a loop kept each weight load of the launch waiting
-        for one L2 round trip per step. (Summing the squares inside the weight loop and scaling after the
-        product measured slower still: the QKV launch 15.6 against 11.0 us, H200, 2026-12-04.)"""
+        Unrolled (a loop kept each weight load of the launch waiting for one L2 round trip per step). Even so the
+        sm_90 PTX issues each step's load only after the previous step's cross-warp sum and its barriers, one L2
+        round trip after another; LOADS_FIRST (`fused.RMS_LOADS_FIRST`) loads every step's tile first, then sums them
+        in the same order with the same reductions (the same bits). (Summing the squares inside the weight loop and
+        scaling after the product measured slower: the QKV launch 15.6 against 11.0 us, H200, 2026-12-04.)"""
         sum_sq = tl.zeros((BT,), tl.float32)
-        for k0 in tl.static_range(0, K, BK):
-            x = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK, FROM_L2)
-            sum_sq += tl.sum(x * x, axis=1)
+        if LOADS_FIRST:
+            tiles = ()
+            for k0 in tl.static_range(0, K, BK):
+                tiles = tiles + (_x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK, FROM_L2),)
+            for i in tl.static_range(len(tiles)):
+                sum_sq += tl.sum(tiles[i] * tiles[i], axis=1)
+        else:
+            for k0 in tl.static_range(0, K, BK):
+                x = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK, FROM_L2)
+                sum_sq += tl.sum(x * x, axis=1)
         return tl.rsqrt(sum_sq / K + eps)
 
     @triton.jit
-    def _row_scales(x_ptr, x_stride, rows, t0, K: tl.constexpr, eps, NORM: tl.constexpr, BT: tl.constexpr):
+    def _row_scales(x_ptr, x_stride, rows, t0, K: tl.constexpr, eps, NORM: tl.constexpr, BT: tl.constexpr,
+                    LOADS_FIRST: tl.constexpr):
         """1/RMS of rows t0..t0+BT with NORM (`_inv_rms`), else ones [BT]."""
         rstd = tl.full((BT,), 1.0, tl.float32)
         if NORM:
-            rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, RMS_STEP)
+            rstd = _inv_rms(x_ptr, x_stride, rows, t0, K, eps, BT, RMS_STEP, False, LOADS_FIRST)
         return rstd
 
     @triton.jit
@@ -141,7 +151,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _normalize_rows(out_ptr, xn_ptr, g_ptr, row_count_ptr, rows, t0, D: tl.constexpr, eps, last, BLOCKS,
-                        BT: tl.constexpr):
+                        BT: tl.constexpr, LOADS_FIRST: tl.constexpr):
         """`fused.NORM_IN_PRODUCER_ABOVE`: once every output block of rows t0..t0+BT of out [rows, D] is stored, the
         program that stored the last of them writes RMSNorm(out) * g of those rows to xn, as `_a_tile` computes
         it, and resets the row tile's counter. `last`: this program stored an output block (the last split).
@@ -154,7 +164,7 @@ if HAVE_TRITON:
         rt = t0 // BT
         done = tl.atomic_add(row_count_ptr + rt, 1, mask=last)
         if last & (done == BLOCKS - 1):
-            rstd = _inv_rms(out_ptr, D, rows, t0, D, eps, BT, RMS_STEP, True)
+            rstd = _inv_rms(out_ptr, D, rows, t0, D, eps, BT, RMS_STEP, True, LOADS_FIRST)
             t = t0 + tl.arange(0, BT)
             for k0 in tl.static_range(0, D, RMS_STEP):
                 g = _norm_weights(g_ptr, k0, D, True, RMS_STEP)
@@ -176,7 +186,7 @@ if HAVE_TRITON:
     @triton.jit
     def _stream(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K: tl.constexpr, eps,
                 NORM: tl.constexpr, PAIR: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr):
+                BK: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr, LOADS_FIRST: tl.constexpr):
         """Rows t0.. of A times weight rows row0..row0+BN (and row1.. with PAIR) over columns k_lo..k_lo+k_len
         -> float32 [BT, BN] x2; with NORM, A is RMSNorm(x) * g, rounded as `dfvg.model.RMSNorm` rounds.
 
@@ -189,8 +199,8 @@ if HAVE_TRITON:
         so each K step waits for one group of wgmmas, not two, and 8 warps split it by weight rows."""
         if SWAP_AB and STACK:
             return _stream_stacked(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K, eps,
-                                   NORM, PAIR, F32, BT, BN, BK)
-        rstd = _row_scales(x_ptr, x_stride, rows, t0, K, eps, NORM, BT)
+                                   NORM, PAIR, F32, BT, BN, BK, LOADS_FIRST)
+        rstd = _row_scales(x_ptr, x_stride, rows, t0, K, eps, NORM, BT, LOADS_FIRST)
         acc0 = tl.zeros((BN, BT) if SWAP_AB else (BT, BN), tl.float32)
         acc1 = tl.zeros((BN, BT) if SWAP_AB else (BT, BN), tl.float32)
         for k0 in range(k_lo, tl.minimum(k_lo + k_len, K), BK):
@@ -217,10 +227,10 @@ if HAVE_TRITON:
     @triton.jit
     def _stream_stacked(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K: tl.constexpr,
                         eps, NORM: tl.constexpr, PAIR: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr,
-                        BN: tl.constexpr, BK: tl.constexpr):
+                        BN: tl.constexpr, BK: tl.constexpr, LOADS_FIRST: tl.constexpr):
         """`_stream` with SWAP_AB and STACK: W x^T with the pair's blocks stacked into one MMA operand."""
         GROUPS: tl.constexpr = 2 if PAIR else 1
-        rstd = _row_scales(x_ptr, x_stride, rows, t0, K, eps, NORM, BT)
+        rstd = _row_scales(x_ptr, x_stride, rows, t0, K, eps, NORM, BT, LOADS_FIRST)
         acc = tl.zeros((GROUPS * BN, BT), tl.float32)
         for k0 in range(k_lo, tl.minimum(k_lo + k_len, K), BK):
             g = _norm_weights(g_ptr, k0, K, NORM, BK)
