@@ -122,14 +122,24 @@ def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
         assert bad.returncode == 1 and bad.stderr.startswith(f"error: {says}"), bad.stderr
 
 
-def test_programs_per_sm_follow_registers_and_shared_memory():
-    """gpu/compile_sm90.py's occupancy: the gate/up launch's 250 registers x 4 warps leave room for 2 programs (as
-    Nsight Compute counted on an H100); 158 registers for 3; shared memory and the warp limit bound it too."""
+def compile_tool(needs_triton: bool = False):
+    """gpu/compile_sm90.py as a module (the tests that compile skip without Triton)."""
+    from dfvg.gpu.kernels import HAVE_TRITON
+
+    if needs_triton and not HAVE_TRITON:
+        pytest.skip("Triton is not installed")
     sys.path.insert(0, str(ROOT / "gpu"))
     try:
         import compile_sm90
     finally:
         sys.path.pop(0)
+    return compile_sm90
+
+
+def test_programs_per_sm_follow_registers_and_shared_memory():
+    """gpu/compile_sm90.py's occupancy: the gate/up launch's 250 registers x 4 warps leave room for 2 programs (as
+    Nsight Compute counted on an H100); 158 registers for 3; shared memory and the warp limit bound it too."""
+    compile_sm90 = compile_tool()
     assert compile_sm90.programs_per_sm(250, 4, 89 * 1024) == 2
     assert compile_sm90.programs_per_sm(158, 4, 44 * 1024) == 3
     assert compile_sm90.programs_per_sm(32, 4, 120 * 1024) == 1  # shared memory binds
@@ -143,11 +153,7 @@ def test_programs_per_sm_follow_registers_and_shared_memory():
 def test_a_block_size_triton_cannot_build_is_one_line_of_the_report(monkeypatch):
     """--space over block sizes: a config that does not compile is a line of the report (as gpu_rows.py's sweep
     counts it), not a traceback that ends the listing."""
-    sys.path.insert(0, str(ROOT / "gpu"))
-    try:
-        import compile_sm90
-    finally:
-        sys.path.pop(0)
+    compile_sm90 = compile_tool()
 
     def fails(*_args):
         raise RuntimeError("out of resource: shared memory, Required: 287744\nHardware limit: 232448")
@@ -189,15 +195,8 @@ def test_rms_loads_first_issues_every_x_load_before_the_first_barrier():
     the loads the shipped order issues there, one step's), and the O launch's normalization still sums a row's
     squares as gate/up does (`test_the_o_launch_sums_a_rows_squares_as_gate_up_does`)."""
     from dfvg.gpu import block_sizes, fused
-    from dfvg.gpu.kernels import HAVE_TRITON
 
-    if not HAVE_TRITON:
-        pytest.skip("Triton is not installed")
-    sys.path.insert(0, str(ROOT / "gpu"))
-    try:
-        import compile_sm90
-    finally:
-        sys.path.pop(0)
+    compile_sm90 = compile_tool(needs_triton=True)
     gate_up, o_shape = (8960, 1536), (1536, 1536)
 
     def compiled(shape: tuple[int, int], over: bool, first: bool):
@@ -240,15 +239,8 @@ def test_the_o_launch_sums_a_rows_squares_as_gate_up_does(table, height):
     normalization and gate/up's own norm split a row's columns alike; with 1 warp in the O launch they do not
     (`fused._norms_alike` then keeps gate/up's own norm), so this test can fail."""
     from dfvg.gpu import block_sizes
-    from dfvg.gpu.kernels import HAVE_TRITON
 
-    if not HAVE_TRITON:
-        pytest.skip("Triton is not installed")
-    sys.path.insert(0, str(ROOT / "gpu"))
-    try:
-        import compile_sm90
-    finally:
-        sys.path.pop(0)
+    compile_sm90 = compile_tool(needs_triton=True)
     rows = getattr(block_sizes, table)
     o_shape, gate_up = (1536, 1536), (8960, 1536)
 
