@@ -76,8 +76,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
               for above, which in tall.items() if above != shipped["tall_above"]}
     modes |= {f"shipped, attention aiming at {items} work items per SM": {**shipped, "items": items}
               for items in ITEMS if items != shipped["items"]}
-    together = "one after another" if shipped["loads_first"] else "together"  # fused.RMS_LOADS_FIRST flipped
-    modes[f"shipped, RMSNorm's row loads issued {together}"] = {**shipped, "loads_first": not shipped["loads_first"]}
+    order = "one after another" if shipped["loads_first"] else "together"  # fused.RMS_LOADS_FIRST flipped
+    modes[f"shipped, RMSNorm's row loads issued {order}"] = {**shipped, "loads_first": not shipped["loads_first"]}
     for short, splits, columns in (pieces for pieces in MERGES if pieces != shipped["merge"]):
         up_to = f" ({short} where a row's positions fill up to {short})" if short else ""
         modes[f"shipped, attention merging {splits} splits a step{up_to}, {columns} columns a program"] = {

@@ -475,29 +475,38 @@ def test_fused_layers_say_why_they_do_not_apply():
 
 
 def loads_first_failures(device: str) -> list[str]:
-    """`fused.RMS_LOADS_FIRST`: launches that normalize (RMSNorm + SwiGLU over K = 1536, three 512-column steps; the O
-    launch normalizing rows of 1536 for the next) must give the same bits with every step's x tile loaded first."""
+    """`fused.RMS_LOADS_FIRST`: the launches that normalize (RMSNorm + SwiGLU and RMSNorm + QKV + RoPE over K = 1536,
+    three 512-column steps; the O launch normalizing rows of 1536 for the next, at 17 rows) must give the same bits
+    with every step's x tile loaded first. On a GPU the target's gate/up, QKV and O shapes (the table's blocks)."""
     from dfvg.gpu import fused
 
     torch.manual_seed(5)
-    k, n, rows = 1536, 48, 5
+    k, rows = 1536, 17
+    n, heads, kv_heads, hd, o_in = (8960, 12, 2, 128, 1536) if device == "cuda" else (48, 4, 2, 32, 64)
     w = (torch.randn(2 * n, k) * k ** -0.5).to(device, torch.bfloat16)
-    w_o = torch.randn(k, 64).to(device, torch.bfloat16)
+    w_qkv = (torch.randn((heads + 2 * kv_heads) * hd, k) * k ** -0.5).to(device, torch.bfloat16)
+    w_o = (torch.randn(k, o_in) * o_in ** -0.5).to(device, torch.bfloat16)
     g, x = (torch.rand(k) + 0.5).to(device, torch.bfloat16), (torch.randn(rows, k) * 3).to(device, torch.bfloat16)
-    h = torch.randn(rows, 64).to(device, torch.bfloat16)
+    h = torch.randn(rows, o_in).to(device, torch.bfloat16)
+    pos, cos, sin = torch.arange(20, 20 + rows, device=device), *(torch.randn(64, hd, device=device) for _ in "cs")
+    cache = torch.zeros(64, kv_heads, hd, device=device, dtype=torch.bfloat16)
 
     def outputs() -> list:
-        return [fused.fused_linear(x, w, norm=g, swiglu=True), *fused.linear_then_norm(h, w_o, g, residual=x)]
+        kc, vc = cache.clone(), cache.clone()
+        q = fused.qkv_rope(x, g, w_qkv, None, pos, cos, sin, kc, vc, (heads, kv_heads, hd, 0, 1e-6))
+        return [fused.fused_linear(x, w, norm=g, swiglu=True), q, kc, vc,
+                *fused.linear_then_norm(h, w_o, g, residual=x)]
 
     before = outputs()
     with fused_switch("RMS_LOADS_FIRST", not fused.RMS_LOADS_FIRST):
         after = outputs()
-    return [name for name, a, b in zip(("rmsnorm + swiglu", "o out", "o normalized"), before, after, strict=True)
-            if not torch.equal(a, b)]
+    names = ("rmsnorm + swiglu", "q", "k cache", "v cache", "o out", "o normalized")
+    return [name for name, a, b in zip(names, before, after, strict=True) if not torch.equal(a, b)]
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
 def test_rms_loads_first_changes_no_bit_under_triton_interpreter():
+    """(A sum that skipped the last tile made this fail with 'rmsnorm + swiglu' and 'o normalized', 2026-12-06.)"""
     assert interpreted("[len(t.loads_first_failures('cpu'))]") == [0.0]
 
 

@@ -209,10 +209,19 @@ def test_rms_loads_first_issues_every_x_load_before_the_first_barrier():
     def loads_before_barrier(ptx: str) -> int:
         return ptx[:ptx.index("bar.sync")].count("ld.global")
 
-    together, one_by_one = compiled(gate_up, False, True), compiled(gate_up, False, False)
-    assert loads_before_barrier(together["ptx"]) == 3 * loads_before_barrier(one_by_one["ptx"]) > 0
-    by_o = row_sum_layouts(compiled(o_shape, True, True)["ttgir"])
-    assert len(by_o) == 1 and by_o == row_sum_layouts(together["ttgir"]), by_o
+    def tail_loads_before_barrier(ptx: str) -> int:
+        """The O launch's normalizing tail (after its row counter's atomic add): the loads between two barriers."""
+        tail = ptx[ptx.index("atom.global.gpu.acq_rel.add", ptx.index("atom.global.gpu.acq_rel.add") + 1):]
+        return next(piece.count("ld.global.cg") for piece in tail.split("bar.sync") if "ld.global.cg" in piece)
+
+    for shape in (gate_up, (2048, 1536)):  # gate/up and QKV + RoPE, each with its own RMSNorm
+        together, one_by_one = compiled(shape, False, True), compiled(shape, False, False)
+        assert loads_before_barrier(together["ptx"]) == 3 * loads_before_barrier(one_by_one["ptx"]) > 0, shape
+    o_together, o_one_by_one = compiled(o_shape, True, True), compiled(o_shape, True, False)
+    assert tail_loads_before_barrier(o_together["ptx"]) == 3 * tail_loads_before_barrier(o_one_by_one["ptx"]) > 0
+    by_o = row_sum_layouts(o_together["ttgir"])
+    assert len(by_o) == 1 and by_o == row_sum_layouts(together["ttgir"]) == row_sum_layouts(one_by_one["ttgir"])
+    assert by_o == row_sum_layouts(o_one_by_one["ttgir"]), by_o
 
 
 def row_sum_layouts(ttgir: str) -> set[tuple[str, ...]]:

@@ -28,8 +28,8 @@ runs the same code per row:
 - attention packs the GQA heads of one row into a fixed 16-row tile at a fixed place; splits past a row's
   position add exact zeros.
 
-`tests/test_gpu_fused.py` checks rows of T = 1..64 against T = 1 bit for bit on the GPU. Arithmetic follows
-`dfvg.model` (float32 sums, bf16 rounding where it rounds); `gpu/check_kernels.py` and GPU tests bound the rest.
+`tests/test_gpu_fused.py` checks rows of T = 1..64 against T = 1 bit for bit on the GPU. Arithmetic follows `dfvg.model`
+(float32 sums and softmax, bf16 rounding), not bit for bit; `gpu/check_kernels.py` and GPU tests bound the gap.
 
 Not covered (callers fall back to the compiled block): Qwen3's per-head q/k norm, head_dim not a power of
 two >= 16, GQA groups over 16 heads, more than `MAX_ROWS` rows, machines without Triton.
@@ -69,8 +69,8 @@ NORM_IN_PRODUCER_ABOVE: int | None = 16
 # tile. Rows equal one-row launches (tests). H100, ctx 512: T = 64 0.959x; T = 33, 48 1.018x (RESULTS.md, 2026-12-06).
 TALL_TILES_ABOVE: int | None = 48
 # RMSNorm's 1/RMS pass loads every step's x tile before summing any (`gemv_stream._inv_rms`): the sm_90 PTX otherwise
-# waits one L2 round trip per 512 columns before the weight stream starts (QKV, gate/up, LM head; O's tail). Same bits.
-# Off until a lease times it (gpu_modes.py); built 2026-12-06 without a GPU.
+# issues each 512-column step's load after the previous step's barriers (QKV, gate/up, LM head; O's tail). Same bits
+# under the interpreter and in the PTX's arithmetic; off until a lease runs its GPU test and times it (gpu_modes.py).
 RMS_LOADS_FIRST = False
 
 if HAVE_TRITON:
