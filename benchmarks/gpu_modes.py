@@ -18,7 +18,7 @@ MODE_ROWS = (1, 5, 16, 17, 33, 48, 64)
 ITEMS = (2, 4, 8)  # attention work items per SM timed beside the shipped count (`decode_attention.ITEMS_PER_SM`)
 # the merge launch's (splits a step at a short context, else, columns a program) timed beside the shipped pieces
 # (`decode_attention.COMBINE_*`)
-MERGES = ((0, 64, 32), (0, 16, 32), (16, 64, 128))
+MERGES = ((64, 64, 32), (16, 16, 32), (16, 64, 128))
 TALL_TILES = (32, 64)  # row-tile heights timed beside the shipped one (`fused.TILE_ROWS`)
 MODE_CONTEXTS = (512, 32704)
 # weight columns per row a GEMV program prefetches to L2 in the streaming-ahead modes: a third of a 1536-wide row,
@@ -79,7 +79,7 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     order = "one after another" if shipped["loads_first"] else "together"  # fused.RMS_LOADS_FIRST flipped
     modes[f"shipped, RMSNorm's row loads issued {order}"] = {**shipped, "loads_first": not shipped["loads_first"]}
     for short, splits, columns in (pieces for pieces in MERGES if pieces != shipped["merge"]):
-        up_to = f" ({short} where a row's positions fill up to {short})" if short else ""
+        up_to = f" ({short} where a row's positions fill up to {short})" if short != splits else ""
         modes[f"shipped, attention merging {splits} splits a step{up_to}, {columns} columns a program"] = {
             **shipped, "merge": (short, splits, columns)}
     ahead = {(0, True): "next launch triggered after the weight loop"}

@@ -203,10 +203,10 @@ if HAVE_TRITON:
                                   NS: tl.constexpr, SHORT: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr,
                                   TRIGGER: tl.constexpr):
         """Program (head, row, BD columns): merge the splits that hold the row's positions -> out [rows, HEADS*HD]:
-        SHORT at a time where they are at most SHORT (0: never), else NS at a time. Columns in separate programs so
-        a 32k context (512 splits) is not a few long serial loops. Both the split count and the step width follow
-        the row's own position, never the step's other rows (later splits of a T-row step hold m = -inf for this
-        row and would add exact zeros), so the sum is the one a T = 1 step makes."""
+        SHORT at a time where they are at most SHORT, else NS at a time (SHORT = NS: always NS). Columns in
+        separate programs so a 32k context (512 splits) is not a few long serial loops. Both the split count and the
+        step width follow the row's own position, never the step's other rows (later splits of a T-row step hold
+        m = -inf for this row and would add exact zeros), so the sum is the one a T = 1 step makes."""
         GROUP: tl.constexpr = HEADS // KV_HEADS
         _after_previous_launch(PDL)
         _let_next_launch_start(TRIGGER)
@@ -215,13 +215,9 @@ if HAVE_TRITON:
         own_splits = (tl.load(pos_ptr + t) + BS) // BS
         d = tl.program_id(2) * BD + tl.arange(0, BD)
         kv, row_in_tile = head // GROUP, head % GROUP
-        if SHORT > 0:  # (constexpr: arange(0, 0) does not compile)
-            if own_splits <= SHORT:
-                l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS,
-                                           HD, BM, SHORT, BD)
-            else:
-                l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS,
-                                           HD, BM, NS, BD)
+        if own_splits <= SHORT:
+            l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS, HD,
+                                       BM, SHORT, BD)
         else:
             l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS, HD,
                                        BM, NS, BD)
@@ -231,7 +227,7 @@ if HAVE_TRITON:
 
 ATTENTION_SPLIT = 64  # cache slots per attention program
 # The merge launch: splits a program merges per loop step (COMBINE_SHORT where a row's positions fill at most that
-# many splits, else COMBINE_SPLITS; 0: always COMBINE_SPLITS), and head columns per program. They group a row's sums
+# many splits, else COMBINE_SPLITS; the two equal: always that), and head columns per program. They group a row's sums
 # by its own position, never by T. Against 64 at every context (H100, context 512): 16 a step 0.989x at T = 1, 0.977x
 # at T = 64, but 1.13x at T = 1 at a 32k context, hence two (RESULTS.md, 2026-12-06 afternoon). gpu_modes.py times.
 COMBINE_SPLITS = 64
