@@ -17,7 +17,7 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
     python gpu/compile_sm90.py --gpu H100 16      # the table an H100 or H200 runs (GPU_TABLES), not TUNED
     python gpu/compile_sm90.py --epilogue-first --unstacked 16  # fused.EPILOGUE_FIRST on / fused.STACKED_PAIR off
     python gpu/compile_sm90.py --over-16-rows 16      # a launch over 16 rows: O normalizes for gate/up
-    python gpu/compile_sm90.py --rms-loads-first 16   # fused.RMS_LOADS_FIRST on
+    python gpu/compile_sm90.py --rms-loads-in-turn 16  # fused.RMS_LOADS_FIRST off
 """
 
 from __future__ import annotations
@@ -198,10 +198,10 @@ def main(argv: list[str]) -> None:
     ahead = "--stream-ahead" in argv
     fused.EPILOGUE_FIRST = fused.EPILOGUE_FIRST or "--epilogue-first" in argv
     fused.STACKED_PAIR = fused.STACKED_PAIR and "--unstacked" not in argv
-    fused.RMS_LOADS_FIRST = fused.RMS_LOADS_FIRST or "--rms-loads-first" in argv
+    fused.RMS_LOADS_FIRST = fused.RMS_LOADS_FIRST and "--rms-loads-in-turn" not in argv
     global OVER_ONE_TILE
     OVER_ONE_TILE = "--over-16-rows" in argv
-    switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--over-16-rows", "--rms-loads-first")
+    switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--over-16-rows", "--rms-loads-in-turn")
     argv = [a for a in argv if a not in switches]
     shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
     gpu = _option(argv, "--gpu", "H100")

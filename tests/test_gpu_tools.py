@@ -192,8 +192,10 @@ def test_norm_cost_refuses_a_tuned_file_that_is_not_a_sweeps_in_one_line(text, s
 def test_rms_loads_first_issues_every_x_load_before_the_first_barrier():
     """`fused.RMS_LOADS_FIRST`, compiled for sm_90 (the H100/H200 table, gate/up with its own RMSNorm over K = 1536):
     the 1/RMS pass's x loads are all issued before its first cross-warp barrier (three 512-column steps: three times
-    the loads the shipped order issues there, one step's), and the O launch's normalization still sums a row's
-    squares as gate/up does (`test_the_o_launch_sums_a_rows_squares_as_gate_up_does`)."""
+    the loads the order in turn issues there, one step's); the O launch's normalizing tail reads the rows in two
+    rounds of loads issued together, g's three steps with the second (in turn: a round trip per step, twice, and
+    one per g step); and it still sums a row's squares as gate/up does
+    (`test_the_o_launch_sums_a_rows_squares_as_gate_up_does`)."""
     from dfvg.gpu import block_sizes, fused
 
     compile_sm90 = compile_tool(needs_triton=True)
@@ -209,16 +211,19 @@ def test_rms_loads_first_issues_every_x_load_before_the_first_barrier():
     def loads_before_barrier(ptx: str) -> int:
         return ptx[:ptx.index("bar.sync")].count("ld.global")
 
-    def tail_loads_before_barrier(ptx: str) -> int:
-        """The O launch's normalizing tail (after its row counter's atomic add): the loads between two barriers."""
+    def tail_loads(ptx: str) -> list[tuple[int, int]]:
+        """The O launch's normalizing tail (after its row counter's atomic add): per stretch between barriers that
+        loads, its loads of the rows (past L1) and of g."""
         tail = ptx[ptx.index("atom.global.gpu.acq_rel.add", ptx.index("atom.global.gpu.acq_rel.add") + 1):]
-        return next(piece.count("ld.global.cg") for piece in tail.split("bar.sync") if "ld.global.cg" in piece)
+        return [(piece.count("ld.global.cg"), piece.count("ld.global") - piece.count("ld.global.cg"))
+                for piece in tail.split("bar.sync") if "ld.global" in piece]
 
     for shape in (gate_up, (2048, 1536)):  # gate/up and QKV + RoPE, each with its own RMSNorm
         together, one_by_one = compiled(shape, False, True), compiled(shape, False, False)
         assert loads_before_barrier(together["ptx"]) == 3 * loads_before_barrier(one_by_one["ptx"]) > 0, shape
     o_together, o_one_by_one = compiled(o_shape, True, True), compiled(o_shape, True, False)
-    assert tail_loads_before_barrier(o_together["ptx"]) == 3 * tail_loads_before_barrier(o_one_by_one["ptx"]) > 0
+    in_turn = tail_loads(o_one_by_one["ptx"])
+    assert in_turn[0][0] > 0 and tail_loads(o_together["ptx"]) == [(3 * in_turn[0][0], 0), (3 * in_turn[0][0], 3)]
     by_o = row_sum_layouts(o_together["ttgir"])
     assert len(by_o) == 1 and by_o == row_sum_layouts(together["ttgir"]) == row_sum_layouts(one_by_one["ttgir"])
     assert by_o == row_sum_layouts(o_one_by_one["ttgir"]), by_o

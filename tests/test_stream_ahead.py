@@ -8,16 +8,12 @@ The prefetch itself is PTX (sm_90), which Triton's interpreter cannot run: the p
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from dfvg.gpu.kernels import HAVE_TRITON
 from tests.interpreted import run_interpreted
 
-ROOT = Path(__file__).resolve().parents[1]
 needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
 
 # (what, N rows of W, K, first row, second row or None, k_lo, k_len, BN, threads): programs of the 1.5B target's
@@ -134,12 +130,10 @@ def test_every_launch_compiles_its_prefetch_before_the_wait_and_its_trigger_afte
     """gpu/compile_sm90.py --stream-ahead (sm_90, no GPU): each of the target's five GEMV launches has one bulk L2
     prefetch before griddepcontrol.wait and one launch_dependents after its last tensor-core instruction; the
     shipped build (switches off) has neither."""
-    sys.path.insert(0, str(ROOT / "gpu"))
-    try:
-        import compile_sm90
-    finally:
-        sys.path.remove(str(ROOT / "gpu"))
     from dfvg.gpu.block_sizes import TUNED
+    from tests.test_gpu_tools import compile_tool
+
+    compile_sm90 = compile_tool(needs_triton=True)
 
     for shape in compile_sm90.LAUNCHES:
         for ahead in (True, False):

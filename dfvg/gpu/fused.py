@@ -68,10 +68,10 @@ NORM_IN_PRODUCER_ABOVE: int | None = 16
 # the O launch's rows) take one tile of up to 64 rows (`_tile_rows`; None: never), so one program streams each weight
 # tile. Rows equal one-row launches (tests). H100, ctx 512: T = 64 0.959x; T = 33, 48 1.018x (RESULTS.md, 2026-12-06).
 TALL_TILES_ABOVE: int | None = 48
-# RMSNorm's 1/RMS pass loads every step's x tile before summing any (`gemv_stream._inv_rms`): the sm_90 PTX otherwise
-# issues each 512-column step's load after the previous step's barriers (QKV, gate/up, LM head; O's tail). Same bits
-# under the interpreter and in the PTX's arithmetic; off until a lease runs its GPU test and times it (gpu_modes.py).
-RMS_LOADS_FIRST = False
+# RMSNorm's 1/RMS pass loads every step's x tile before summing any (`gemv_stream._inv_rms`; O's tail also loads the
+# rows and g together to normalize): the sm_90 PTX otherwise waits one L2 round trip per 512-column step. Same bits
+# (GPU test). H100, ctx 512: T = 1 0.988x, T = 17 0.979x, T = 64 0.984x (RESULTS.md, 2026-12-06 15:15 UTC).
+RMS_LOADS_FIRST = True
 
 if HAVE_TRITON:
     import triton

@@ -34,10 +34,15 @@ if HAVE_TRITON:
     def _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT: tl.constexpr, BK: tl.constexpr, FROM_L2: tl.constexpr = False):
         """Rows t0..t0+BT, columns k0..k0+BK of x as float32 (zeros past rows and K); FROM_L2: past L1, for rows
         other programs of this launch wrote (`_normalize_rows`)."""
+        return _x_stored(x_ptr, x_stride, rows, t0, K, k0, BT, BK, FROM_L2).to(tl.float32)
+
+    @triton.jit
+    def _x_stored(x_ptr, x_stride, rows, t0, K, k0, BT: tl.constexpr, BK: tl.constexpr, FROM_L2: tl.constexpr):
+        """`_x_tile` in x's own dtype: tiles held across a launch's tail take half the registers so."""
         t = t0 + tl.arange(0, BT)
         k = k0 + tl.arange(0, BK)
         return tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
-                       other=0.0, cache_modifier=".cg" if FROM_L2 else "").to(tl.float32)
+                       other=0.0, cache_modifier=".cg" if FROM_L2 else "")
 
     @triton.jit
     def _w_tile(w_ptr, row0, n_rows, K, k0, BN: tl.constexpr, BK: tl.constexpr):
@@ -109,6 +114,25 @@ if HAVE_TRITON:
                     pack=1)
 
     @triton.jit
+    def _x_tiles(x_ptr, x_stride, rows, t0, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                 FROM_L2: tl.constexpr):
+        """Every BK-column step's x tile of rows t0..t0+BT in x's dtype (`_x_stored`), all loads issued before any
+        is used."""
+        tiles = ()
+        for k0 in tl.static_range(0, K, BK):
+            tiles = tiles + (_x_stored(x_ptr, x_stride, rows, t0, K, k0, BT, BK, FROM_L2),)
+        return tiles
+
+    @triton.jit
+    def _rms_of_tiles(tiles, K: tl.constexpr, eps, BT: tl.constexpr):
+        """1/RMS [BT] of the rows in `_x_tiles`' tiles, summed step by step as `_inv_rms` sums them."""
+        sum_sq = tl.zeros((BT,), tl.float32)
+        for i in tl.static_range(len(tiles)):
+            x = tiles[i].to(tl.float32)
+            sum_sq += tl.sum(x * x, axis=1)
+        return tl.rsqrt(sum_sq / K + eps)
+
+    @triton.jit
     def _inv_rms(x_ptr, x_stride, rows, t0, K: tl.constexpr, eps, BT: tl.constexpr, BK: tl.constexpr,
                  FROM_L2: tl.constexpr = False, LOADS_FIRST: tl.constexpr = False):
         """1/RMS of rows t0..t0+BT of x [BT], summed in fixed BK steps (the same order for every row count).
@@ -118,18 +142,15 @@ if HAVE_TRITON:
         round trip after another; LOADS_FIRST (`fused.RMS_LOADS_FIRST`) loads every step's tile first, then sums them
         in the same order with the same reductions (the same bits). (Summing the squares inside the weight loop and
         scaling after the product measured slower: the QKV launch 15.6 against 11.0 us, H200, 2026-12-04.)"""
-        sum_sq = tl.zeros((BT,), tl.float32)
         if LOADS_FIRST:
-            tiles = ()
-            for k0 in tl.static_range(0, K, BK):
-                tiles = tiles + (_x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK, FROM_L2),)
-            for i in tl.static_range(len(tiles)):
-                sum_sq += tl.sum(tiles[i] * tiles[i], axis=1)
+            rstd = _rms_of_tiles(_x_tiles(x_ptr, x_stride, rows, t0, K, BT, BK, FROM_L2), K, eps, BT)
         else:
+            sum_sq = tl.zeros((BT,), tl.float32)
             for k0 in tl.static_range(0, K, BK):
                 x = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK, FROM_L2)
                 sum_sq += tl.sum(x * x, axis=1)
-        return tl.rsqrt(sum_sq / K + eps)
+            rstd = tl.rsqrt(sum_sq / K + eps)
+        return rstd
 
     @triton.jit
     def _row_scales(x_ptr, x_stride, rows, t0, K: tl.constexpr, eps, NORM: tl.constexpr, BT: tl.constexpr,
@@ -145,8 +166,8 @@ if HAVE_TRITON:
         """RMSNorm's weights g at columns k0..k0+BK as [1, BK] float32 with NORM (zeros past K), else ones."""
         g = tl.full((1, BK), 1.0, tl.float32)
         if NORM:
-            k = k0 + tl.arange(0, BK)
-            g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+            k = k0 + tl.arange(0, BK)[None, :]
+            g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)
         return g
 
     @triton.jit
@@ -159,19 +180,42 @@ if HAVE_TRITON:
         Why: the next launch (gate/up) then streams xn as it is. Normalizing there costs it 4.1-4.5 us of its
         ~26 (benchmarks/norm_cost.py, H100): every program of it scales each x tile by 1/RMS and g between two
         barriers in every K step. Here it is done once per row, by one program, after the others' stores are
-        visible (the split-K rule: store, barrier, counter; the last reads past L1)."""
+        visible (the split-K rule: store, barrier, counter; the last reads past L1). This tail is serial (the
+        T = 16 -> 17 step's largest cost), so with LOADS_FIRST it loads g and the rows once, every load issued together,
+        and normalizes the tiles it holds (without: one L2 round trip per step to sum, and again to normalize)."""
         tl.debug_barrier()
         rt = t0 // BT
         done = tl.atomic_add(row_count_ptr + rt, 1, mask=last)
         if last & (done == BLOCKS - 1):
-            rstd = _inv_rms(out_ptr, D, rows, t0, D, eps, BT, RMS_STEP, True, LOADS_FIRST)
             t = t0 + tl.arange(0, BT)
-            for k0 in tl.static_range(0, D, RMS_STEP):
-                g = _norm_weights(g_ptr, k0, D, True, RMS_STEP)
-                xn = _a_tile(out_ptr, D, rows, t0, D, k0, rstd, g, True, BT, RMS_STEP, True)
-                k = k0 + tl.arange(0, RMS_STEP)
-                tl.store(xn_ptr + t[:, None] * D + k[None, :], xn, mask=(t[:, None] < rows) & (k[None, :] < D))
+            if LOADS_FIRST:
+                rstd = _rms_of_tiles(_x_tiles(out_ptr, D, rows, t0, D, BT, RMS_STEP, True), D, eps, BT)
+                tl.debug_barrier()
+                tiles = _x_tiles(out_ptr, D, rows, t0, D, BT, RMS_STEP, True)
+                gs = ()
+                for k0 in tl.static_range(0, D, RMS_STEP):
+                    gs = gs + (_norm_weights(g_ptr, k0, D, True, RMS_STEP),)
+                for i in tl.static_range(len(tiles)):
+                    xn = _rms_scaled(tiles[i].to(tl.float32), rstd, gs[i])
+                    _store_rows(xn_ptr, xn, t, rows, D, i * RMS_STEP, RMS_STEP)
+            else:
+                rstd = _inv_rms(out_ptr, D, rows, t0, D, eps, BT, RMS_STEP, True, False)
+                for k0 in tl.static_range(0, D, RMS_STEP):
+                    g = _norm_weights(g_ptr, k0, D, True, RMS_STEP)
+                    xn = _a_tile(out_ptr, D, rows, t0, D, k0, rstd, g, True, BT, RMS_STEP, True)
+                    _store_rows(xn_ptr, xn, t, rows, D, k0, RMS_STEP)
             tl.atomic_xchg(row_count_ptr + rt, 0)
+
+    @triton.jit
+    def _store_rows(xn_ptr, xn, t, rows, D: tl.constexpr, k0, BK: tl.constexpr):
+        """xn [BT, BK] into rows t, columns k0..k0+BK of xn_ptr [rows, D]."""
+        k = k0 + tl.arange(0, BK)
+        tl.store(xn_ptr + t[:, None] * D + k[None, :], xn, mask=(t[:, None] < rows) & (k[None, :] < D))
+
+    @triton.jit
+    def _rms_scaled(x, rstd, g):
+        """RMSNorm(x) * g as the bf16 MMA operand, rounded as `dfvg.model.RMSNorm` rounds (x float32)."""
+        return ((x * rstd[:, None]).to(tl.bfloat16).to(tl.float32) * g).to(tl.bfloat16)
 
     @triton.jit
     def _a_tile(x_ptr, x_stride, rows, t0, K, k0, rstd, g, NORM: tl.constexpr, BT: tl.constexpr,
@@ -180,7 +224,7 @@ if HAVE_TRITON:
         rounded as `dfvg.model.RMSNorm` rounds."""
         a = _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT, BK, FROM_L2)
         if NORM:
-            a = (a * rstd[:, None]).to(tl.bfloat16).to(tl.float32) * g
+            return _rms_scaled(a, rstd, g)
         return a.to(tl.bfloat16)
 
     @triton.jit
