@@ -70,7 +70,7 @@ NORM_IN_PRODUCER_ABOVE: int | None = 16
 TALL_TILES_ABOVE: int | None = 48
 # RMSNorm's 1/RMS pass loads every step's x tile before summing any (`gemv_stream._inv_rms`; O's tail also loads the
 # rows and g together to normalize): the sm_90 PTX otherwise waits one L2 round trip per 512-column step. Same bits
-# (GPU test). H100, ctx 512: T = 1 0.988x, T = 17 0.979x, T = 64 0.984x (RESULTS.md, 2026-12-06 15:15 UTC).
+# (GPU test). H100, ctx 512: T = 1 0.988x, T = 17 0.979x, T = 64 0.984x (RESULTS.md, 2026-12-06 15:12 UTC).
 RMS_LOADS_FIRST = True
 
 if HAVE_TRITON:

@@ -38,7 +38,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _x_stored(x_ptr, x_stride, rows, t0, K, k0, BT: tl.constexpr, BK: tl.constexpr, FROM_L2: tl.constexpr):
-        """`_x_tile` in x's own dtype: tiles held across a launch's tail take half the registers so."""
+        """`_x_tile` in x's own dtype: `_x_tiles` holds every step's tile at once, in half the registers so."""
         t = t0 + tl.arange(0, BT)
         k = k0 + tl.arange(0, BK)
         return tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
@@ -181,8 +181,10 @@ if HAVE_TRITON:
         ~26 (benchmarks/norm_cost.py, H100): every program of it scales each x tile by 1/RMS and g between two
         barriers in every K step. Here it is done once per row, by one program, after the others' stores are
         visible (the split-K rule: store, barrier, counter; the last reads past L1). This tail is serial (the
-        T = 16 -> 17 step's largest cost), so with LOADS_FIRST it loads g and the rows once, every load issued together,
-        and normalizes the tiles it holds (without: one L2 round trip per step to sum, and again to normalize)."""
+        T = 16 -> 17 step's largest cost), so with LOADS_FIRST it reads the rows in two rounds of loads issued
+        together, 1/RMS from the first and the normalized rows from the second with g's steps (in turn: one L2 round
+        trip per step to sum, again per step to normalize, and per step of g). Holding the first round's tiles for
+        the second took the launch to 255 registers (2 programs an SM, not 3), hence two reads."""
         tl.debug_barrier()
         rt = t0 // BT
         done = tl.atomic_add(row_count_ptr + rt, 1, mask=last)
@@ -190,7 +192,7 @@ if HAVE_TRITON:
             t = t0 + tl.arange(0, BT)
             if LOADS_FIRST:
                 rstd = _rms_of_tiles(_x_tiles(out_ptr, D, rows, t0, D, BT, RMS_STEP, True), D, eps, BT)
-                tl.debug_barrier()
+                tl.debug_barrier()  # else the compiler merges both rounds into one read held in registers
                 tiles = _x_tiles(out_ptr, D, rows, t0, D, BT, RMS_STEP, True)
                 gs = ()
                 for k0 in tl.static_range(0, D, RMS_STEP):
