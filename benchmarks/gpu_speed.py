@@ -101,6 +101,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="token-tree shapes the dfvg phase times at --tree-depth with each GPU draft ('' = none)")
     p.add_argument("--tree-depth", default=4, type=int,
                    help="the trees' draft length: a dynamic tree's depth (rows are named ..._d<depth> unless 4)")
+    p.add_argument("--lookahead", action="store_true",
+                   help="dfvg phase: also DFVG plain and each chain with dfvg.gpu.fast.LOOKAHEAD flipped, each right "
+                        "after its row (rows suffixed _lookahead or _no_lookahead)")
     p.add_argument("--write-prompts", default=None)
     llama_cpp_peer.add_arguments(p)
     return p.parse_args(argv)

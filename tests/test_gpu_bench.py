@@ -116,25 +116,29 @@ def random_feature_head(directory: Path, target_hidden: int, vocab: int) -> Path
 
 def test_tiny_benchmark_applies_the_sweeps_block_sizes_and_runs_every_kernel_choice(tmp_path):
     """gpu_speed.py end to end on the tiny CPU pair: --tuned lands in block_sizes.TUNED and in every phase file;
-    the dfvg phase has a row per kernel choice and the FPGA phase its sync and overlap rows."""
+    the dfvg phase has a row per kernel choice (and with --lookahead plain and each chain again with the device
+    step's lookahead flipped, the same tokens) and the FPGA phase its sync and overlap rows."""
     from benchmarks.gpu_speed import main
-    from dfvg.gpu import block_sizes
+    from dfvg.gpu import block_sizes, fast
 
     tuned = tmp_path / "tuned.json"
     tuned.write_text(json.dumps([[123, 456, {"BN": 16, "BK": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}]]))
-    before = dict(block_sizes.TUNED)
+    before, shipped = dict(block_sizes.TUNED), fast.LOOKAHEAD
     head = random_feature_head(tmp_path / "head", target_hidden=128, vocab=512)
     try:
         main(["--tiny", "--device", "cpu", "--tuned", str(tuned), "--phases", "dfvg,fpga", "--ks", "2",
               "--fpga-ks", "2", "--max-new-tokens", "6", "--prompts", "2", "--results", str(tmp_path / "res"),
-              "--work-dir", str(tmp_path / "w"), "--feature-head", str(head)])
-        assert block_sizes.TUNED[(123, 456)]["BN"] == 16
+              "--work-dir", str(tmp_path / "w"), "--feature-head", str(head), "--lookahead"])
+        assert block_sizes.TUNED[(123, 456)]["BN"] == 16 and fast.LOOKAHEAD is shipped
     finally:
         block_sizes.TUNED.clear()
         block_sizes.TUNED.update(before)
     dfvg = json.loads((tmp_path / "res" / "dfvg.json").read_text())
     assert {"dfvg_plain", "dfvg_spec_k2", "dfvg_compiled_plain", "dfvg_eager_plain"} <= set(dfvg)
     assert dfvg["dfvg_feature_k2"]["tokens"] == dfvg["dfvg_plain"]["tokens"]  # the head's row, lossless
+    for row in ("dfvg_plain", "dfvg_spec_k2", "dfvg_feature_k2"):
+        flipped = f"{row}_{'no_lookahead' if shipped else 'lookahead'}"
+        assert dfvg[flipped]["tokens"] == dfvg["dfvg_plain"]["tokens"], flipped
     for tree in ("dfvg_tree_2-2-1-1", "dfvg_tree_4-2-1-1", "dfvg_tree_dynamic16"):  # --trees' default shapes
         assert dfvg[tree]["tokens"] == dfvg["dfvg_plain"]["tokens"]
         assert dfvg[tree.replace("dfvg_tree", "dfvg_feature_tree")]["tokens"] == dfvg["dfvg_plain"]["tokens"]

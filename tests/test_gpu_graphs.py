@@ -121,6 +121,44 @@ def test_device_step_stops_at_eos(pair):
     assert got.tokens == free[: free.index(eos) + 1] and got.stopped_by == "eos"
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, cuda])])
+@pytest.mark.parametrize("k", [0, 3])
+def test_the_lookahead_replay_changes_no_token(monkeypatch, k, device):
+    """`fast.LOOKAHEAD`: the device step launches the next replay before the host reads this one's record. The
+    tokens equal those without it over consecutive generations on one engine: one with room to spare, one run up
+    to the scratch slots (a 64-slot run: with drafts its last step has no room for another, which needs 2k + 2
+    positions past the committed ones; plain decoding's k + 1 reserve always leaves room), one that stops at EOS.
+    It does launch ahead: one replay more than it reads in each generation whose last step had room (counted on
+    the CPU, where every replay runs the step's body; on a GPU the captured graph replays, with a pinned copy)."""
+    from dfvg.gpu import fast
+
+    # models of their own: a model keeps the largest cache any test gave it, and the scratch slots must sit at 64
+    target = tiny("qwen2", 1, device=device)
+    draft = tiny("qwen2", 2, device=device, num_hidden_layers=1, hidden_size=32, intermediate_size=48)
+    free = generate(TorchVerifier(target), [5, 9, 11], 20).tokens
+    jobs = (([5, 9, 11], 20, ()), ([7, 3], 64 - 2 - k - 1, ()), ([5, 9, 11], 20, (free[9],)))
+    replays = []
+    body = fast.step_body
+    monkeypatch.setattr(fast, "step_body", lambda *args: (replays.append(1), body(*args))[1])
+
+    def run(lookahead: bool) -> tuple[list, list[int]]:
+        monkeypatch.setattr(fast, "LOOKAHEAD", lookahead)
+        engine = Engine(GraphVerifier(target, compile_blocks=False, cache_len=64))
+        drafter = GraphDrafter(draft, 96, compile_blocks=False, cache_len=64) if k else None
+        outputs, counts = [], []
+        for ids, n, eos in jobs:
+            replays.clear()
+            result = engine.decode(drafter, ids, n, k=k, eos_ids=eos)
+            outputs.append((result.tokens, result.stopped_by))
+            counts.append(len(replays) - len(result.steps))
+        return outputs, counts
+
+    (ahead, ahead_counts), (plain, counts) = run(True), run(False)
+    assert ahead == plain
+    if device == "cpu":
+        assert ahead_counts == [1, 0 if k else 1, 1] and counts == [0, 0, 0]
+
+
 def test_graph_protocol_classes_in_reference_loop(pair):
     target, draft = pair
     verifier, drafter = GraphVerifier(target, False, 64), GraphDrafter(draft, 96, False, 64)
