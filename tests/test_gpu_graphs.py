@@ -129,7 +129,10 @@ def test_the_lookahead_replay_changes_no_token(monkeypatch, k, device):
     to the scratch slots (a 64-slot run: with drafts its last step has no room for another, which needs 2k + 2
     positions past the committed ones; plain decoding's k + 1 reserve always leaves room), one that stops at EOS.
     It does launch ahead: one replay more than it reads in each generation whose last step had room (counted on
-    the CPU, where every replay runs the step's body; on a GPU the captured graph replays, with a pinned copy)."""
+    the CPU, where every replay runs the step's body; on a GPU the captured graph replays, with a pinned copy). The
+    room check is a precaution (past it a replay would write scratch slots, which nothing reads), so only the
+    counts guard it; reading the live record instead of the copy, or keeping a replay across a prefill, changes
+    tokens."""
     from dfvg.gpu import fast
 
     # models of their own: a model keeps the largest cache any test gave it, and the scratch slots must sit at 64

@@ -46,9 +46,10 @@ from dfvg.gpu.kernels import greedy_accept
 # The single-sequence step launches its next replay before the host reads this one's record (that replay's inputs
 # are on the device already), so the GPU does not idle while the host commits tokens and runs the loop: plain
 # decoding took 1.869 ms a token against a 1.801 ms graphed step (H100, RESULTS.md 2026-12-06 16:11 UTC). A
-# generation that stops leaves one replay unread; it wrote only past the committed positions (the next prefill and
-# verify overwrite them), and it is launched only where its positions stay below the scratch slots. Same tokens
-# (CPU tests, where replays run eagerly); off until a lease times it.
+# generation that stops leaves one replay unread: it rewrote the last committed positions with the same values and
+# wrote past them, and the next prefill and verify overwrite those before anything reads them. As a precaution it
+# is launched only where its positions stay below the scratch slots. Same tokens (CPU tests, where replays run
+# eagerly); off until a lease times it.
 LOOKAHEAD = False
 
 
@@ -167,11 +168,13 @@ class DeviceRows:
         replay launched in between (`LOOKAHEAD`) runs on while the host reads it."""
         if self.device.type != "cuda":  # eager replays: nothing is in flight
             return self.record.clone().tolist
-        if self._pinned is None:
-            self._pinned, self._copied = torch.empty(self.record.shape, dtype=self.record.dtype,
-                                                     pin_memory=True), torch.cuda.Event()
-        self._pinned.copy_(self.record, non_blocking=True)
-        self._copied.record()
+        with torch.cuda.device(self.device):  # the event on this device's stream (a watchdog thread's current
+            # device is cuda:0 whatever the caller's)
+            if self._pinned is None:
+                self._pinned, self._copied = torch.empty(self.record.shape, dtype=self.record.dtype,
+                                                         pin_memory=True), torch.cuda.Event()
+            self._pinned.copy_(self.record, non_blocking=True)
+            self._copied.record()
         return lambda: (self._copied.synchronize(), self._pinned.tolist())[1]
 
 
@@ -205,8 +208,9 @@ class DeviceStep:
         if self.host is None:
             start = time.perf_counter()
             replay = lambda: self._replay(len(seq))  # noqa: E731
-            ok, record = self.guard.run(replay) if self.guard is not None else (True, replay())
-            if ok:
+            ok, replayed = self.guard.run(replay) if self.guard is not None else (True, replay())
+            if ok:  # (set here, not by a watchdog thread whose call was abandoned)
+                record, self.ahead = replayed
                 num, nxt, *drafts = record
                 self.verifier.features_end = len(seq) + self.rows.k  # the verify rows' features (a head's host
                 # step reads them should a later replay fail)
@@ -215,22 +219,23 @@ class DeviceStep:
             self._to_host()
         return self.host(seq, k)
 
-    def _replay(self, committed: int) -> list[int]:
-        """This step's record; with `LOOKAHEAD` the next step is already replaying when it returns, where its
-        positions stay below every cache's scratch slots (`committed`: the tokens before this step)."""
+    def _replay(self, committed: int) -> tuple[list[int], bool]:
+        """This step's record, and whether the next step is already replaying (`LOOKAHEAD`, where its positions
+        stay below every cache's scratch slots; `committed`: the tokens before this step)."""
         if not LOOKAHEAD:
-            return self.rows.replay()[0]
+            return self.rows.replay()[0], False
         if not self.ahead:
             self.rows.graph.replay()
         read = self.rows.record_copy()
-        self.ahead = self._room_for_next(committed)
-        if self.ahead:
+        ahead = self._room_for_next(committed)
+        if ahead:
             self.rows.graph.replay()
-        return read()[0]
+        return read()[0], ahead
 
     def _room_for_next(self, committed: int) -> bool:
         """Whether the step after this one stays below the scratch slots: this step moves the last position
-        (committed - 1) by at most k + 1, the next writes k + 1 positions from there and a head's history one more."""
+        (committed - 1) by at most k + 1, the next writes k + 1 positions from there and a head's history one more.
+        A precaution: past them it would write scratch slots, which nothing reads between captures."""
         k = self.rows.k
         return committed + 2 * k + 2 <= min(holder.gm.scratch_pos for holder in self.rows.holders())
 
