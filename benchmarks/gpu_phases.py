@@ -133,13 +133,12 @@ def phase_dfvg(args, models) -> dict:
     engine_for(verifier).decode(None, prompts[0]["ids"], 4, k=0)
     runs = {"capture_plain_s": time.perf_counter() - start, "kernels": args.kernels,
             "why_not_fused": verifier.gm.why_not_fused}
-    runs["dfvg_plain"] = timed_runs(f"dfvg plain ({args.kernels})", prompts, dfvg_runner(verifier, None, 0, n), dev)
-    runs.update(lookahead_flipped(args, "dfvg_plain", prompts, dfvg_runner(verifier, None, 0, n)))
+    runs.update(chain_rows(args, "dfvg_plain", f"dfvg plain ({args.kernels})", prompts,
+                           dfvg_runner(verifier, None, 0, n)))
     if drafter is not None:
         for k in ks(args):
-            runs[f"dfvg_spec_k{k}"] = timed_runs(f"dfvg spec gpu-draft k={k}", prompts,
-                                                 dfvg_runner(verifier, drafter, k, n), dev)
-            runs.update(lookahead_flipped(args, f"dfvg_spec_k{k}", prompts, dfvg_runner(verifier, drafter, k, n)))
+            runs.update(chain_rows(args, f"dfvg_spec_k{k}", f"dfvg spec gpu-draft k={k}", prompts,
+                                   dfvg_runner(verifier, drafter, k, n)))
         runs["dfvg_loop_k4"] = timed_runs("dfvg generic loop k=4", prompts,
                                           dfvg_runner(verifier, drafter, 4, n, "loop"), dev)
         runs.update(tree_runs(args, prompts, verifier, drafter, "dfvg_tree"))
@@ -149,18 +148,16 @@ def phase_dfvg(args, models) -> dict:
     if "distilled" in models:
         _, small = graph_pair(args, models, args.kernels, "distilled")
         for k in ks(args):
-            runs[f"dfvg_distilled_k{k}"] = timed_runs(f"dfvg spec distilled-draft k={k}", prompts,
-                                                      dfvg_runner(verifier, small, k, n), dev)
-            runs.update(lookahead_flipped(args, f"dfvg_distilled_k{k}", prompts, dfvg_runner(verifier, small, k, n)))
+            runs.update(chain_rows(args, f"dfvg_distilled_k{k}", f"dfvg spec distilled-draft k={k}", prompts,
+                                   dfvg_runner(verifier, small, k, n)))
         runs.update(tree_runs(args, prompts, verifier, small, "dfvg_distilled_tree"))
         if dev.startswith("cuda"):
             runs["step_times_distilled"] = step_times(verifier, small, ks(args))
     if "feature_head" in models:
         head_verifier, head = feature_pair(args, models, prompts[0]["ids"])
         for k in ks(args):
-            runs[f"dfvg_feature_k{k}"] = timed_runs(f"dfvg spec feature-head k={k}", prompts,
-                                                    dfvg_runner(head_verifier, head, k, n), dev)
-            runs.update(lookahead_flipped(args, f"dfvg_feature_k{k}", prompts, dfvg_runner(head_verifier, head, k, n)))
+            runs.update(chain_rows(args, f"dfvg_feature_k{k}", f"dfvg spec feature-head k={k}", prompts,
+                                   dfvg_runner(head_verifier, head, k, n)))
         runs.update(tree_runs(args, prompts, head_verifier, head, "dfvg_feature_tree"))
     for other in (kind for kind in KERNELS if kind != args.kernels and not args.one_kernel):
         other_verifier, _ = graph_pair(args, models, other)
@@ -174,18 +171,20 @@ def phase_dfvg(args, models) -> dict:
     return runs
 
 
-def lookahead_flipped(args, name: str, prompts: list[dict], runner) -> dict:
-    """With --lookahead, the row `name` again with `dfvg.gpu.fast.LOOKAHEAD` flipped (the device step launching
-    its next replay before the host reads this one's record), timed right after it in the same process."""
-    if not getattr(args, "lookahead", False):
-        return {}
-    shipped = fast.LOOKAHEAD
-    fast.LOOKAHEAD = not shipped
-    try:
-        suffix = "no_lookahead" if shipped else "lookahead"
-        return {f"{name}_{suffix}": timed_runs(f"{name}, {suffix.replace('_', ' ')}", prompts, runner, args.device)}
-    finally:
-        fast.LOOKAHEAD = shipped
+def chain_rows(args, name: str, label: str, prompts: list[dict], runner) -> dict:
+    """The row `name` of `runner`; with --lookahead, the same runner again right after it with
+    `dfvg.gpu.fast.LOOKAHEAD` flipped (the device step launching its next replay before the host reads this one's
+    record), so both sides come from one process and one runner."""
+    rows = {name: timed_runs(label, prompts, runner, args.device)}
+    if args.lookahead:
+        shipped = fast.LOOKAHEAD
+        fast.LOOKAHEAD = not shipped
+        try:
+            suffix = "no_lookahead" if shipped else "lookahead"
+            rows[f"{name}_{suffix}"] = timed_runs(f"{name}, {suffix.replace('_', ' ')}", prompts, runner, args.device)
+        finally:
+            fast.LOOKAHEAD = shipped
+    return rows
 
 
 def feature_pair(args, models: dict, warm_ids: list[int]) -> tuple[GraphVerifier, GraphFeatureDrafter]:
