@@ -20,7 +20,7 @@ ITEMS = (2, 4, 8)  # attention work items per SM timed beside the shipped count 
 # (`decode_attention.COMBINE_*`)
 MERGES = ((64, 64, 32), (16, 16, 32), (16, 64, 128))
 TALL_TILES = (32, 64)  # row-tile heights timed beside the shipped one (`fused.TILE_ROWS`)
-MODE_CONTEXTS = (512, 32704)
+MODE_CONTEXTS = (512, 32704)  # (gpu_rows.py --mode-contexts replaces them)
 # weight columns per row a GEMV program prefetches to L2 in the streaming-ahead modes: a third of a 1536-wide row,
 # and all of every row (8960 covers the down projection's too)
 PREFETCHES = (512, 8960)
@@ -34,7 +34,8 @@ def current_mode() -> dict:
             "early": fused.EPILOGUE_FIRST, "norm_in_producer": fused.NORM_IN_PRODUCER_ABOVE,
             "tall_above": fused.TALL_TILES_ABOVE, "items": decode_attention.ITEMS_PER_SM,
             "merge": (decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS,
-                      decode_attention.COMBINE_COLUMNS), "loads_first": fused.RMS_LOADS_FIRST}
+                      decode_attention.COMBINE_COLUMNS), "loads_first": fused.RMS_LOADS_FIRST,
+            "factored": fused.FACTORED_NORM}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
@@ -48,7 +49,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     (`fused.NORM_IN_PRODUCER_ABOVE`: the two other than shipped), with 16-row tiles for every launch or one tall tile
     for unnormalized swapped launches over 16 rows (`fused.TALL_TILES_ABOVE`, flipped), the attention's split launch
     aiming at other work items per SM (`decode_attention.ITEMS_PER_SM`: ITEMS), its merge launch in other pieces
-    (`decode_attention.COMBINE_*`: MERGES; other bits, the same for every T), RMSNorm's row loads issued together
+    (`decode_attention.COMBINE_*`: MERGES; other bits, the same for every T), gate/up's RMSNorm factored across the
+    O launch and gate/up (`fused.FACTORED_NORM`, flipped), RMSNorm's row loads issued together
     or one 512-column step after another (`fused.RMS_LOADS_FIRST`, flipped), and the GEMVs
     streaming ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
     shipped = current_mode()
@@ -76,6 +78,9 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
               for above, which in tall.items() if above != shipped["tall_above"]}
     modes |= {f"shipped, attention aiming at {items} work items per SM": {**shipped, "items": items}
               for items in ITEMS if items != shipped["items"]}
+    factored = "ffn norm not factored" if shipped["factored"] else \
+        "ffn norm factored: O stores out * g and row sums, gate/up scales by 1/RMS"  # fused.FACTORED_NORM flipped
+    modes[f"shipped, {factored}"] = {**shipped, "factored": not shipped["factored"]}
     order = "one after another" if shipped["loads_first"] else "together"  # fused.RMS_LOADS_FIRST flipped
     modes[f"shipped, RMSNorm's row loads issued {order}"] = {**shipped, "loads_first": not shipped["loads_first"]}
     for short, splits, columns in (pieces for pieces in MERGES if pieces != shipped["merge"]):
@@ -99,12 +104,13 @@ def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
     decode_attention.SPLIT_PROGRAMS_PER_SM, decode_attention.ITEMS_PER_SM = mode["split_programs"], mode["items"]
     decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS, decode_attention.COMBINE_COLUMNS = mode["merge"]
-    fused.RMS_LOADS_FIRST = mode["loads_first"]
+    fused.RMS_LOADS_FIRST, fused.FACTORED_NORM = mode["loads_first"], mode["factored"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's
     block_sizes.TUNED.update({(n, k): config for n, k, config in tables[mode["table"]]})
 
 
-def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None = None, rounds: int = 5) -> list[dict]:
+def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None = None, rounds: int = 5,
+                 contexts: tuple[int, ...] = MODE_CONTEXTS) -> list[dict]:
     """ms per step of each (mode, context, T), the median over alternating rounds (so drift hits every mode
     alike), and whether the mode's logits equal the first mode's bit for bit (most switches change which program
     computes a row, never how; other block sizes and merge widths may change the sums, alike for every T)."""
@@ -119,7 +125,7 @@ def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None
     try:
         for name, mode in modes.items():
             _set_mode(mode, tables)
-            for context in MODE_CONTEXTS:
+            for context in contexts:
                 for rows in MODE_ROWS:
                     torch.manual_seed(rows)
                     ids = torch.randint(0, vocab, (1, rows), device="cuda")

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_decode import SHAPES, graph_of, random_model, rotating  # noqa: E402
-from benchmarks.gpu_modes import TALL_TILES, fastest_table, launch_modes  # noqa: E402
+from benchmarks.gpu_modes import MODE_CONTEXTS, TALL_TILES, fastest_table, launch_modes  # noqa: E402
 from benchmarks.gpu_report import copy_tb_s  # noqa: E402
 from benchmarks.gpu_speed import cuda_median_ms  # noqa: E402
 from dfvg.errors import OneLineParser, UserError  # noqa: E402
@@ -319,6 +319,18 @@ def row_counts(text: str) -> tuple[int, ...]:
     return rows
 
 
+def contexts_of(text: str) -> tuple[int, ...]:
+    """--mode-contexts: comma-separated contexts the modes take, each leaving room for 64 rows in the cache."""
+    try:
+        contexts = tuple(int(c) for c in text.split(","))
+    except ValueError:
+        contexts = ()
+    if not contexts or not all(fused.MAX_ROWS <= c <= max(CONTEXTS) for c in contexts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of contexts {fused.MAX_ROWS}.."
+                                         f"{max(CONTEXTS)}, e.g. 512,1024")
+    return contexts
+
+
 def block_size_tables(args, cfg, only: tuple[str, ...], result: dict, out: Path) -> dict[str, list]:
     """The tables the modes compare: shipped (with this GPU's rows, as the product runs), --tuned's, the sweep's."""
     block_sizes.adopt_gpu_table(torch.cuda.get_device_name())
@@ -346,6 +358,9 @@ def main(argv=None) -> None:
     p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply (a --sweep then starts from it)")
     p.add_argument("--modes-only", action="store_true", help="only the launch-mode comparison")
     p.add_argument("--modes", default="", help="launch modes to run, separated by ';' (default: all)")
+    p.add_argument("--mode-contexts", default=MODE_CONTEXTS, type=contexts_of,
+                   help="contexts the modes are timed at, e.g. 512,1024 (default: "
+                   f"{','.join(map(str, MODE_CONTEXTS))})")
     p.add_argument("--profile", action="store_true",
                    help="first, device time per kernel at T = 1 / 16 / 64, contexts 512 and 32,704")
     args = p.parse_args(argv)
@@ -371,7 +386,8 @@ def main(argv=None) -> None:
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
     if args.profile:
         result["kernel_profile"] = kernel_profile(gm)
-    result["launch_modes"] = launch_modes(gm, tables, [m.strip() for m in args.modes.split(";") if m.strip()])
+    result["launch_modes"] = launch_modes(gm, tables, [m.strip() for m in args.modes.split(";") if m.strip()],
+                                          contexts=args.mode_contexts)
     result["fastest_block_sizes"] = fastest = fastest_table(result["launch_modes"])
     block_sizes.TUNED.clear()
     block_sizes.apply_tuned(tables[fastest])

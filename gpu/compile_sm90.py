@@ -18,6 +18,8 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
     python gpu/compile_sm90.py --epilogue-first --unstacked 16  # fused.EPILOGUE_FIRST on / fused.STACKED_PAIR off
     python gpu/compile_sm90.py --over-16-rows 16      # a launch over 16 rows: O normalizes for gate/up
     python gpu/compile_sm90.py --rms-loads-in-turn 16  # fused.RMS_LOADS_FIRST off
+    python gpu/compile_sm90.py --unfactored-norm 16    # fused.FACTORED_NORM off: gate/up normalizes its own x (or,
+                                                       # with --over-16-rows, O normalizes it)
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from dfvg.gpu.kernels import HAVE_TRITON  # noqa: E402
 
 LINEAR = {"x_ptr": "*bf16", "x_stride": "i32", "g_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16",
           "res_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "rows": "i32",
-          "N": "i32", "k_len": "i32", "eps": "fp32", "xn_ptr": "*bf16", "gn_ptr": "*bf16", "row_count_ptr": "*i32"}
+          "N": "i32", "k_len": "i32", "eps": "fp32", "xn_ptr": "*bf16", "gn_ptr": "*bf16", "row_count_ptr": "*i32",
+          "sq_ptr": "*fp32"}
 QKV = {"x_ptr": "*bf16", "g_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "pos_ptr": "*i64",
        "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "q_ptr": "*bf16", "kc_ptr": "*bf16",
        "vc_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "rows": "i32", "k_len": "i32", "eps": "fp32"}
@@ -83,10 +86,13 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
         consts = {**common, "HEADS": 12, "KV_HEADS": 2, "HD": 128, "HAS_BIAS": True, "BN": min(cfg["BN"], 64)}
         return compiled(fused._qkv_rope_kernel, QKV, consts, cfg)
     normalized = OVER_ONE_TILE if over_one_tile is None else over_one_tile  # the O launch normalizes for gate/up
-    produces = normalized and what.startswith("o proj")
-    consts = {**common, "NORM": "norm" in what and not (normalized and "gate" in what),
+    factored = fused.FACTORED_NORM  # at every row count: O stores out * g and its sums, gate/up scales by 1/RMS
+    produces = (normalized or factored) and what.startswith("o proj")
+    o_blocks = -(-1536 // TUNED[(1536, 1536)]["BN"])  # the O launch's output blocks: gate/up's sums a row
+    consts = {**common, "NORM": "norm" in what and not ((normalized or factored) and "gate" in what),
               "SWIGLU": "gate" in what, "HAS_BIAS": False, "HAS_RES": "residual" in what, "BN": cfg["BN"],
-              "NORM_OUT": shape[0] if produces else 0}
+              "NORM_OUT": shape[0] if produces and not factored else 0, "SCALE_OUT": produces and factored,
+              "ROW_SCALE": o_blocks if factored and "gate" in what else 0}
     return compiled(fused._linear_kernel, LINEAR, consts, cfg)
 
 
@@ -199,9 +205,11 @@ def main(argv: list[str]) -> None:
     fused.EPILOGUE_FIRST = fused.EPILOGUE_FIRST or "--epilogue-first" in argv
     fused.STACKED_PAIR = fused.STACKED_PAIR and "--unstacked" not in argv
     fused.RMS_LOADS_FIRST = fused.RMS_LOADS_FIRST and "--rms-loads-in-turn" not in argv
+    fused.FACTORED_NORM = fused.FACTORED_NORM and "--unfactored-norm" not in argv
     global OVER_ONE_TILE
     OVER_ONE_TILE = "--over-16-rows" in argv
-    switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--over-16-rows", "--rms-loads-in-turn")
+    switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--over-16-rows", "--rms-loads-in-turn",
+                "--unfactored-norm")
     argv = [a for a in argv if a not in switches]
     shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
     gpu = _option(argv, "--gpu", "H100")

@@ -249,7 +249,7 @@ def shipped_switches() -> dict:
             "items": decode_attention.ITEMS_PER_SM, "merge": (decode_attention.COMBINE_SHORT,
                                                               decode_attention.COMBINE_SPLITS,
                                                               decode_attention.COMBINE_COLUMNS),
-            "loads_first": fused.RMS_LOADS_FIRST}
+            "loads_first": fused.RMS_LOADS_FIRST, "factored": fused.FACTORED_NORM}
 
 
 def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
@@ -315,8 +315,8 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
 
 
 def test_gpu_rows_times_the_verify_switches_each_flipped():
-    """Tall tiles, attention items per SM and the merge's widths: each other value one mode beside the shipped ones,
-    set for the captures and restored after."""
+    """Tall tiles, attention items per SM, the merge's widths and the factored norm: each other value one mode
+    beside the shipped ones, set for the captures and restored after."""
     from benchmarks import gpu_modes
     from dfvg.gpu import block_sizes, decode_attention, fused
 
@@ -331,7 +331,11 @@ def test_gpu_rows_times_the_verify_switches_each_flipped():
     assert merges == [{**shipped, "merge": pair} for pair in gpu_modes.MERGES if pair != shipped["merge"]] and merges
     loads = [mode for name, mode in modes.items() if "row loads issued" in name]
     assert loads == [{**shipped, "loads_first": not shipped["loads_first"]}]
+    factored = [mode for name, mode in modes.items() if "ffn norm" in name]
+    assert factored == [{**shipped, "factored": not shipped["factored"]}]
     try:
+        gpu_modes._set_mode(factored[0], tables)
+        assert fused.FACTORED_NORM != shipped["factored"]
         gpu_modes._set_mode(loads[0], tables)
         assert fused.RMS_LOADS_FIRST != shipped["loads_first"]
         gpu_modes._set_mode(merges[-1], tables)

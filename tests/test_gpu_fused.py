@@ -517,6 +517,28 @@ def test_rms_loads_first_changes_no_bit_on_gpu():
     assert loads_first_failures("cuda") == []
 
 
+def producer_inputs(device: str, seed: int) -> tuple:
+    """(max_rows, O's weight, gate/up's, the next norm's g (also the bias), residual, x, counters, config) for the
+    producer-norm checks: on a GPU the target's O and gate/up shapes, so each launch takes its block sizes (and warps)
+    from the table; in the interpreter small ones with split-K 3."""
+    from dfvg.gpu import fused
+
+    torch.manual_seed(seed)
+    max_rows, n, k, up = (64, 1536, 1536, 8960) if device == "cuda" else (20, 96, 64, 32)
+    w, w_next = ((torch.randn(r, c) * c ** -0.5).to(device, torch.bfloat16) for r, c in ((n, k), (2 * up, n)))
+    nxt, res = (torch.rand(n) + 0.5).to(device, torch.bfloat16), torch.randn(max_rows, n).to(device, torch.bfloat16)
+    x = (torch.randn(max_rows, k) * 3).to(device, torch.bfloat16)
+    return max_rows, w, w_next, nxt, res, x, fused.new_counters(device), \
+        None if device == "cuda" else {"SPLIT_K": 3, "BK": 32}
+
+
+def counts_unlike_alone(launch, max_rows: int) -> list[int]:
+    """Row counts T whose `launch(0, T)` outputs differ in any bit from the same rows launched one at a time."""
+    alone = [torch.cat(parts) for parts in zip(*(launch(i, i + 1) for i in range(max_rows)), strict=True)]
+    return [t for t in sorted({1, 2, 5, 16, 17, max_rows})
+            if not all(torch.equal(a, b[:t]) for a, b in zip(launch(0, t), alone, strict=True))]
+
+
 def norm_in_producer_checks(device: str) -> list[float]:
     """[rows that differ from their one-row launch, how far the next launch's input is from the norm it replaces
     (0.0: the same bits), 1.0 if a second launch on the same counters equals the first, a layer's output error
@@ -526,37 +548,67 @@ def norm_in_producer_checks(device: str) -> list[float]:
     first."""
     from dfvg.gpu import fused
 
-    torch.manual_seed(3)
-    # on a GPU the target's O and gate/up shapes, so each launch takes its block sizes (and warps) from the table
-    max_rows, n, k, up = (64, 1536, 1536, 8960) if device == "cuda" else (20, 96, 64, 32)
-    w, w_next = ((torch.randn(r, c) * c ** -0.5).to(device, torch.bfloat16) for r, c in ((n, k), (2 * up, n)))
-    nxt, res = (torch.rand(n) + 0.5).to(device, torch.bfloat16), torch.randn(max_rows, n).to(device, torch.bfloat16)
-    x = (torch.randn(max_rows, k) * 3).to(device, torch.bfloat16)
-    counters, cfg = fused.new_counters(device), None if device == "cuda" else {"SPLIT_K": 3, "BK": 32}
+    max_rows, w, w_next, nxt, res, x, counters, cfg = producer_inputs(device, seed=3)
 
     def both(a: int, b: int) -> tuple:
         """(out, normalized) of rows a..b-1 in one launch."""
         return fused.linear_then_norm(x[a:b], w, nxt, bias=nxt, residual=res[a:b], counters=counters, config=cfg)
 
-    alone = [torch.cat(parts) for parts in zip(*(both(i, i + 1) for i in range(max_rows)), strict=True)]
-    failures = [t for t in sorted({1, 2, 5, 16, 17, max_rows})
-                if not all(torch.equal(a, b[:t]) for a, b in zip(both(0, t), alone, strict=True))]
+    failures = counts_unlike_alone(both, max_rows)
     out, normed = both(0, max_rows)
     again = all(torch.equal(a, b) for a, b in zip(both(0, max_rows), (out, normed), strict=True))
     plain = fused.fused_linear(x, w, bias=nxt, residual=res, config=cfg)
     via_norm = fused.fused_linear(out, w_next, norm=nxt, swiglu=True).float()
     gap = ((fused.fused_linear(normed, w_next, swiglu=True).float() - via_norm).norm() / via_norm.norm()).item()
-    with fused_switch("NORM_IN_PRODUCER_ABOVE", 0):
+    with fused_switch("NORM_IN_PRODUCER_ABOVE", 0), fused_switch("FACTORED_NORM", False):
         layer_err = layer_errors(small_model(32 if device == "cpu" else 128, device), 3, 70, cache_len=160)[0]
     return [len(failures) + len(producer_norm_row_failures(device)), gap, float(again and torch.equal(out, plain)),
             layer_err]
 
 
-def producer_norm_row_failures(device: str) -> list[int]:
+def factored_norm_checks(device: str) -> list[float]:
+    """`fused.FACTORED_NORM`: [row counts whose O launch (out, out * g, the blocks' sums) or gate/up on them differ
+    from their one-row launches (in the interpreter also gate/up loading the sums after its stream, as for a model
+    over `gemv_stream.EARLY_SUMS` blocks, unless the same bits), gate/up's relative gap to gate/up with its own
+    RMSNorm, 1.0 if the O launch's out equals the plain launch's, a layer's error against the compiled block, rows of
+    a layer launch that differ from one-row layer launches]: on a GPU the target's shapes (gate/up in one tall tile at
+    64 rows), in the interpreter small ones with split-K 3."""
+    from dfvg.gpu import fused
+
+    max_rows, w, w_next, nxt, res, x, counters, cfg = producer_inputs(device, seed=5)
+
+    def launches(a: int, b: int) -> tuple:
+        """(out, out * g, sums, gate/up's output) of rows a..b-1, each launch over those rows."""
+        out, scaled, sums = fused.linear_then_scaled(x[a:b], w, nxt, bias=nxt, residual=res[a:b], counters=counters,
+                                                     config=cfg)
+        return out, scaled, sums, fused.fused_linear(scaled, w_next, swiglu=True, row_sums=sums, counters=counters)
+
+    failures = counts_unlike_alone(launches, max_rows)
+    out, scaled, sums, h = launches(0, max_rows)
+    if device == "cpu":  # more producer blocks than gate/up loads before its stream: the same sums, loaded after it
+        from dfvg.gpu import gemv_stream
+
+        early, gemv_stream.EARLY_SUMS = gemv_stream.EARLY_SUMS, 0
+        try:
+            late = fused.fused_linear(scaled, w_next, swiglu=True, row_sums=sums, counters=counters)
+        finally:
+            gemv_stream.EARLY_SUMS = early
+        failures += [] if torch.equal(late, h) else ["sums loaded after the stream"]
+    own = fused.fused_linear(out, w_next, norm=nxt, swiglu=True).float()
+    gap = ((h.float() - own).norm() / own.norm()).item()
+    plain = fused.fused_linear(x, w, bias=nxt, residual=res, config=cfg)
+    with fused_switch("FACTORED_NORM", True):
+        layer_err = layer_errors(small_model(32 if device == "cpu" else 128, device), 3, 70, cache_len=160)[0]
+    rows_off = producer_norm_row_failures(device, factored=True)
+    return [len(failures), gap, float(torch.equal(out, plain)), layer_err, len(rows_off)]
+
+
+def producer_norm_row_failures(device: str, factored: bool = False) -> list[int]:
     """Rows of a layer launch over 16 rows, whose gate/up input the O launch normalized
     (`fused.NORM_IN_PRODUCER_ABOVE` = 16), that differ in any bit from the same token's one-row launch, where gate/up
-    normalized it. Each run starts from the same cache; the one-row launches run in order, so each sees the K/V
-    its predecessors wrote, as the rows of the long launch do."""
+    normalized it; with `factored`, the same with `fused.FACTORED_NORM` (every row count alike). Each run starts from
+    the same cache; the one-row launches run in order, so each sees the K/V its predecessors wrote, as the rows of
+    the long launch do."""
     from dfvg.gpu import fused
     from dfvg.gpu.block import layer_weights
 
@@ -566,7 +618,7 @@ def producer_norm_row_failures(device: str) -> list[int]:
     x = torch.randn(rows, cfg.hidden_size, device=device).to(torch.bfloat16)
     pos = torch.arange(70, 70 + rows, device=device)
     outs = []
-    with fused_switch("NORM_IN_PRODUCER_ABOVE", 16), torch.inference_mode():
+    with fused_switch("NORM_IN_PRODUCER_ABOVE", 16), fused_switch("FACTORED_NORM", factored), torch.inference_mode():
         for steps in ([(0, rows)], [(i, i + 1) for i in range(rows)]):
             kc.copy_(old_k)
             vc.copy_(old_v)
@@ -596,6 +648,26 @@ def test_o_launch_normalizes_for_gate_up_on_gpu():
         pytest.skip("needs a CUDA GPU with Triton")
     failures, gap, again, layer_err = norm_in_producer_checks("cuda")
     assert failures == 0 and gap == 0.0 and again == 1.0 and layer_err < 2e-2, (failures, gap, again, layer_err)
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
+def test_factored_norm_keeps_rows_invariant_under_triton_interpreter():
+    """`fused.FACTORED_NORM`: the O launch's out * g and per-block sums of squares, and gate/up scaled by 1/RMS of
+    them, are the same bits for a row at every row count (launches and a layer), near gate/up with its own RMSNorm
+    (other rounding: 1/RMS after the product), and the layer matches the compiled block. A row's 1/RMS from the next
+    row's sums, or from one block's sum, fails (both checked once by hand)."""
+    failures, gap, same_out, layer_err, layer_rows = interpreted("t.factored_norm_checks('cpu')")
+    assert failures == 0 and gap < 1e-2 and same_out == 1.0 and layer_err < 2e-2 and layer_rows == 0, (
+        failures, gap, same_out, layer_err, layer_rows)
+
+
+@pytest.mark.gpu
+def test_factored_norm_keeps_rows_invariant_on_gpu():
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    failures, gap, same_out, layer_err, layer_rows = factored_norm_checks("cuda")
+    assert failures == 0 and gap < 1e-2 and same_out == 1.0 and layer_err < 2e-2 and layer_rows == 0, (
+        failures, gap, same_out, layer_err, layer_rows)
 
 
 def test_a_one_warp_launch_keeps_gate_ups_own_norm():

@@ -189,7 +189,16 @@ def test_norm_cost_refuses_a_tuned_file_that_is_not_a_sweeps_in_one_line(text, s
     assert exited.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_rms_loads_first_issues_every_x_load_before_the_first_barrier():
+@pytest.fixture
+def unfactored(monkeypatch):
+    """`fused.FACTORED_NORM` off: gate/up normalizes its own x (or the O launch normalizes it over 16 rows), the
+    paths the PTX and layout tests below read."""
+    from dfvg.gpu import fused
+
+    monkeypatch.setattr(fused, "FACTORED_NORM", False)
+
+
+def test_rms_loads_first_issues_every_x_load_before_the_first_barrier(unfactored):
     """`fused.RMS_LOADS_FIRST`, compiled for sm_90 (the H100/H200 table, gate/up with its own RMSNorm over K = 1536):
     the 1/RMS pass's x loads are all issued before its first cross-warp barrier (three 512-column steps: three times
     the loads the order in turn issues there, one step's); the O launch's normalizing tail reads the rows in two
@@ -246,7 +255,7 @@ def row_sum_layouts(ttgir: str) -> set[tuple[str, ...]]:
 
 @pytest.mark.parametrize("table", ["TUNED", "HOPPER"])
 @pytest.mark.parametrize("height", [16, 32, 64])
-def test_the_o_launch_sums_a_rows_squares_as_gate_up_does(table, height):
+def test_the_o_launch_sums_a_rows_squares_as_gate_up_does(table, height, unfactored):
     """fused.NORM_IN_PRODUCER_ABOVE: a launch over 16 rows takes gate/up's input normalized by the O launch, lossless
     only if both sum a row's squares (1/RMS, tl.sum) in the same order. That order follows the layout Triton picks
     from each launch's warps (O 4, gate/up 8 on Hopper). Compiled for sm_90 with each table, the O launch's

@@ -5,9 +5,9 @@ replays ~20 kernels per layer; inside a CUDA graph each still costs microseconds
 
 1. `qkv_rope`:     RMSNorm -> x Wqkv^T + b -> RoPE on q and k -> q to a buffer, k and v into the cache at pos
 2. `attention`:    per (kv head, 64-slot split, token group) partial softmax, then the merge
-3. `fused_linear`: x + attn Wo^T (+ b); over 16 rows `linear_then_norm`, which also writes RMSNorm(x) * g
-4. `fused_linear`: RMSNorm -> silu(x Wg^T) * (x Wu^T); over 16 rows without the norm, on launch 3's rows (both
-   where `_norms_alike`)
+3. `linear_then_scaled`: x + attn Wo^T (+ b), which also writes x * g and x's sums of squares per output block
+4. `fused_linear`: silu(xg Wg^T) * (xg Wu^T), each sum scaled by 1/RMS of launch 3's block sums (`FACTORED_NORM`;
+   off: RMSNorm first, in this launch or, over 16 rows, by launch 3's `linear_then_norm`)
 5. `fused_linear`: x + h W2^T
 
 and the LM head is one more `fused_linear` (RMSNorm -> x Wout^T). Each is a GEMV-shaped stream over its
@@ -23,8 +23,8 @@ runs the same code per row:
   (the weight tile each loads comes from HBM once and from L2 after; `dfvg.gpu.gemv_stream`);
 - block sizes and split-K depend on the weight shape only (`dfvg.gpu.block_sizes`), never on T;
 - split-K partial sums are added in split order by the last program to finish (a per-tile counter);
-- RMSNorm's 1/RMS is a first pass over the row in fixed steps, the same for every row count, and launch 3
-  normalizes for launch 4 only where both split a row's columns alike (`NORM_IN_PRODUCER_ABOVE`, `_norms_alike`);
+- RMSNorm's 1/RMS is a first pass over the row in fixed steps, the same for every row count; gate/up's adds launch
+  3's block sums in block order, elementwise (any tile height);
 - attention packs the GQA heads of one row into a fixed 16-row tile at a fixed place; splits past a row's
   position add exact zeros.
 
@@ -63,6 +63,7 @@ EPILOGUE_FIRST = False
 # Launches of more rows than this take gate/up's input normalized by the O launch (`linear_then_norm`; None: never, 0:
 # all) where both sum a row's squares alike (`_norms_alike`). T = 17 0.979x (H100), 0.958x (H200); T = 64 0.938x,
 # 0.924x; for all (0): 1.016x at T = 1 (H100: the O launch's serial tail outweighs the saving). RESULTS.md, 2026-12-06.
+# Read only with FACTORED_NORM off.
 NORM_IN_PRODUCER_ABOVE: int | None = 16
 # Launches of more rows than this with rows as the MMA's N side (SWAP_AB), no RMSNorm on either side (down; gate/up on
 # the O launch's rows) take one tile of up to 64 rows (`_tile_rows`; None: never), so one program streams each weight
@@ -72,13 +73,29 @@ TALL_TILES_ABOVE: int | None = 48
 # rows and g together to normalize): the sm_90 PTX otherwise waits one L2 round trip per 512-column step. Same bits
 # (GPU test). H100, ctx 512: T = 1 0.988x, T = 17 0.979x, T = 64 0.984x (RESULTS.md, 2026-12-06 15:12 UTC).
 RMS_LOADS_FIRST = True
+# The O launch stores its output times ffn_norm's g and each row's sum of squares per output block, and gate/up streams
+# that as it is and scales its sums by 1/RMS from the blocks' sums (`gemv_stream._scaled_block_out`, `_block_sums`):
+# no 1/RMS pass or per-step scaling in gate/up's programs, no serial tail in O's. Every row count (so other bits than
+# RMSNorm first, the same for every T: GPU tests). Against off (H100, ctx 512, RESULTS.md 2026-12-06 18:27 UTC): T = 1
+# 0.960x, T = 16 0.963x, T = 17 0.938x, T = 64 0.944x; 32k 0.975-0.990x. Off: NORM_IN_PRODUCER_ABOVE decides.
+FACTORED_NORM = True
 
 if HAVE_TRITON:
     import triton
     import triton.language as tl
 
     from dfvg.gpu.decode_attention import _after_previous_launch, _let_next_launch_start
-    from dfvg.gpu.gemv_stream import _normalize_rows, _prefetch_weights, _program, _reduce_splits, _stream
+    from dfvg.gpu.gemv_stream import (
+        _block_sums,
+        _normalize_rows,
+        _prefetch_weights,
+        _program,
+        _reduce_splits,
+        _rstd_of_sums,
+        _scaled_block_out,
+        _stream,
+    )
+    from dfvg.gpu.rope_epilogue import _rope_inputs, _rope_out
 
     @triton.jit
     def _linear_inputs(t0, n0, b_ptr, res_ptr, rows, N, need, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
@@ -112,7 +129,9 @@ if HAVE_TRITON:
         valid = (t[:, None] < rows) & (n[None, :] < N) & last
         if HAS_RES:
             acc = acc.to(tl.bfloat16).to(tl.float32) + res.to(tl.float32)
-        tl.store(out_ptr + where, acc.to(out_ptr.dtype.element_ty), mask=valid)
+        stored = acc.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + where, stored, mask=valid)
+        return stored
 
     @triton.jit(do_not_specialize=["rows"])
     def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
@@ -121,9 +140,11 @@ if HAVE_TRITON:
                        BK: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr,
                        PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr,
                        EARLY: tl.constexpr, xn_ptr, gn_ptr, row_count_ptr, NORM_OUT: tl.constexpr,
-                       LOADS_FIRST: tl.constexpr):
+                       LOADS_FIRST: tl.constexpr, sq_ptr, ROW_SCALE: tl.constexpr, SCALE_OUT: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU; with
-        NORM_OUT (= N; 0: none), also xn = RMSNorm(out) * gn (`gemv_stream._normalize_rows`)."""
+        NORM_OUT (= N; 0: none), also xn = RMSNorm(out) * gn (`gemv_stream._normalize_rows`). `FACTORED_NORM`: with
+        SCALE_OUT, also xn = out * gn and out's sums of squares per block to sq; with ROW_SCALE (the producer's
+        blocks a row), x is such an xn and the sums are scaled by 1/RMS of sq's rows."""
         block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         n0 = block * BN
         n_rows = 2 * N if SWIGLU else N
@@ -131,6 +152,8 @@ if HAVE_TRITON:
         _after_previous_launch(PDL)
         if EARLY:  # `EPILOGUE_FIRST`: their round trip overlaps the weight stream
             bias, res = _linear_inputs(t0, n0, b_ptr, res_ptr, rows, N, True, HAS_BIAS, HAS_RES, BT, BN)
+        if ROW_SCALE:  # loaded before the stream, added after it
+            sums = _block_sums(sq_ptr, t0, rows, ROW_SCALE, BT)
         acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0, split * k_len, k_len, K,
                               eps, NORM, SWIGLU, F32, BT, BN, BK, SWAP_AB, STACK, LOADS_FIRST)
         _let_next_launch_start(TRIGGER)
@@ -140,68 +163,16 @@ if HAVE_TRITON:
                                                SPLIT_K, BT, BN)
         if not EARLY:
             bias, res = _linear_inputs(t0, n0, b_ptr, res_ptr, rows, N, last, HAS_BIAS, HAS_RES, BT, BN)
-        _linear_out(acc, acc_up, bias, res, t0, n0, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES, BT, BN)
+        if ROW_SCALE:
+            rstd = _rstd_of_sums(sums, sq_ptr, t0, rows, K, eps, ROW_SCALE, BT)[:, None]
+            acc, acc_up = acc * rstd, acc_up * rstd
+        stored = _linear_out(acc, acc_up, bias, res, t0, n0, out_ptr, rows, N, last, SWIGLU, HAS_BIAS, HAS_RES, BT,
+                             BN)
+        if SCALE_OUT:
+            _scaled_block_out(stored, t0, n0, gn_ptr, xn_ptr, sq_ptr, rows, N, last, BT, BN)
         if NORM_OUT:
             _normalize_rows(out_ptr, xn_ptr, gn_ptr, row_count_ptr, rows, t0, NORM_OUT, eps, last, tl.cdiv(N, BN),
                             BT, LOADS_FIRST)
-
-    @triton.jit
-    def _rope_inputs(t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, rows, need, HEADS: tl.constexpr,
-                     KV_HEADS: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, BT: tl.constexpr,
-                     BN: tl.constexpr):
-        """The epilogue's inputs of one row tile's q/k/v columns lo: bias of both halves [1, BN], cos and sin of
-        both halves at each row's position [BT, BN] in bf16 (q and k heads; zeros for v heads, which are not
-        rotated, and where `need` is false), and each row's cache slot [BT]."""
-        HALF: tl.constexpr = HD // 2
-        t = t0 + tl.arange(0, BT)
-        live = (t < rows) & need
-        b_lo = tl.zeros((1, BN), tl.float32)
-        b_hi = tl.zeros((1, BN), tl.float32)
-        if HAS_BIAS:
-            b_lo = tl.load(b_ptr + head * HD + lo, mask=need, other=0.0).to(tl.float32)[None, :]
-            b_hi = tl.load(b_ptr + head * HD + HALF + lo, mask=need, other=0.0).to(tl.float32)[None, :]
-        pos = tl.load(pos_ptr + t, mask=live, other=0).to(tl.int32)
-        rotated = live[:, None] & (head < HEADS + KV_HEADS)
-        at = pos[:, None] * HD + lo[None, :]
-        cos_lo = tl.load(cos_ptr + at, mask=rotated, other=0.0).to(tl.bfloat16)  # bf16, as the reference rounds
-        sin_lo = tl.load(sin_ptr + at, mask=rotated, other=0.0).to(tl.bfloat16)  # them (and half the registers)
-        cos_hi = tl.load(cos_ptr + at + HALF, mask=rotated, other=0.0).to(tl.bfloat16)
-        sin_hi = tl.load(sin_ptr + at + HALF, mask=rotated, other=0.0).to(tl.bfloat16)
-        slot = tl.load(slot_ptr + t, mask=live, other=0).to(tl.int32)
-        return b_lo, b_hi, cos_lo, sin_lo, cos_hi, sin_hi, slot
-
-    @triton.jit
-    def _rope_out(acc_lo, acc_hi, b_lo, b_hi, cos_lo, sin_lo, cos_hi, sin_hi, slot, t0, head, lo, q_ptr, kc_ptr,
-                  vc_ptr, rows, last, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
-        """Bias and RoPE (`_rope_inputs`) on one row tile's q/k/v columns lo (both halves of the head), then the
-        store: q to its buffer, k and v into the cache at each row's slot."""
-        HALF: tl.constexpr = HD // 2
-        if HAS_BIAS:
-            acc_lo += b_lo
-            acc_hi += b_hi
-        x_lo = acc_lo.to(tl.bfloat16).to(tl.float32)  # the projection's bf16 output, as the reference has it
-        x_hi = acc_hi.to(tl.bfloat16).to(tl.float32)
-        t = t0 + tl.arange(0, BT)
-        live = t < rows
-        if head < HEADS + KV_HEADS:  # q and k heads are rotated; v heads are stored as they are
-            y_lo = x_lo * cos_lo.to(tl.float32) - x_hi * sin_lo.to(tl.float32)
-            y_hi = x_hi * cos_hi.to(tl.float32) + x_lo * sin_hi.to(tl.float32)
-        else:
-            y_lo = x_lo
-            y_hi = x_hi
-        mask = live[:, None] & (lo[None, :] < HALF) & last
-        if head < HEADS:
-            at = t[:, None] * (HEADS * HD) + head * HD + lo[None, :]
-            dest = q_ptr
-        elif head < HEADS + KV_HEADS:
-            at = slot[:, None] * (KV_HEADS * HD) + (head - HEADS) * HD + lo[None, :]
-            dest = kc_ptr
-        else:
-            at = slot[:, None] * (KV_HEADS * HD) + (head - HEADS - KV_HEADS) * HD + lo[None, :]
-            dest = vc_ptr
-        tl.store(dest + at, y_lo.to(tl.bfloat16), mask=mask)
-        tl.store(dest + at + HALF, y_hi.to(tl.bfloat16), mask=mask)
 
     @triton.jit(do_not_specialize=["rows"])
     def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
@@ -281,13 +252,15 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows:
 def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias: Tensor | None = None,
                  residual: Tensor | None = None, swiglu: bool = False, eps: float = 1e-6,
                  out_dtype: torch.dtype | None = None, config: dict | None = None,
-                 counters: Tensor | None = None) -> Tensor:
+                 counters: Tensor | None = None, row_sums: Tensor | None = None) -> Tensor:
     """x [T, K] bf16 -> [T, N]: residual + (RMSNorm?(x) W^T + bias), or the SwiGLU pair of W's halves.
 
     weight [N, K] ([2N, K] with swiglu: gate rows then up rows, as `FeedForward.w13`); norm is the RMSNorm
-    weight; residual [T, N]; counters: a zeroed int32 scratch for split-K (`new_counters`; one per forward).
+    weight; residual [T, N]; counters: a zeroed int32 scratch for split-K (`new_counters`; one per forward);
+    row_sums [T, B]: x is RMSNorm's input times its g and these its rows' sums of squares in B pieces
+    (`linear_then_scaled`), so the sums are scaled by 1/RMS (`FACTORED_NORM`).
     One launch; T <= MAX_ROWS; x's rows must be contiguous."""
-    return _linear(x, weight, norm, bias, residual, swiglu, eps, out_dtype, config, counters, None)[0]
+    return _linear(x, weight, norm, bias, residual, swiglu, eps, out_dtype, config, counters, None, row_sums)[0]
 
 
 def linear_then_norm(x: Tensor, weight: Tensor, next_norm: Tensor, *, bias: Tensor | None = None,
@@ -295,12 +268,22 @@ def linear_then_norm(x: Tensor, weight: Tensor, next_norm: Tensor, *, bias: Tens
                      counters: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`fused_linear` (no input norm, no SwiGLU) that also returns RMSNorm(out) * next_norm, the next launch's
     input (`NORM_IN_PRODUCER_ABOVE`): (out [T, N], normalized [T, N] bf16), its own norm's bits where `_norms_alike`."""
-    return _linear(x, weight, None, bias, residual, False, eps, None, config, counters, next_norm)
+    return _linear(x, weight, None, bias, residual, False, eps, None, config, counters, next_norm)[:2]
+
+
+def linear_then_scaled(x: Tensor, weight: Tensor, next_norm: Tensor, *, bias: Tensor | None = None,
+                       residual: Tensor | None = None, config: dict | None = None,
+                       counters: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """`fused_linear` (no input norm, no SwiGLU) that also returns out * next_norm (bf16) and out's rows' sums of
+    squares per output block [T, B]: the next launch's x and `row_sums` (`FACTORED_NORM`)."""
+    return _linear(x, weight, None, bias, residual, False, 1e-6, None, config, counters, next_norm, factored=True)
 
 
 def _linear(x: Tensor, weight: Tensor, norm, bias, residual, swiglu: bool, eps: float, out_dtype, config,
-            counters: Tensor | None, next_norm: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """The launch behind `fused_linear` and `linear_then_norm`."""
+            counters: Tensor | None, next_norm: Tensor | None, row_sums: Tensor | None = None,
+            factored: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The launch behind `fused_linear`, `linear_then_norm` and `linear_then_scaled`: (out, the next launch's x or
+    None, its row sums or None)."""
     rows, k = x.shape
     if next_norm is not None and triton.cdiv(rows, TILE_ROWS) > ROW_COUNTERS:  # a counter per row tile
         raise ValueError(f"linear_then_norm takes at most {ROW_COUNTERS * TILE_ROWS} rows a launch, got {rows}")
@@ -312,14 +295,16 @@ def _linear(x: Tensor, weight: Tensor, norm, bias, residual, swiglu: bool, eps: 
     out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
     normed = torch.empty_like(out) if next_norm is not None else None
     row_count = split_counters if normed is None else row_counters(counters, x.device)  # (unread without a norm)
+    sums = torch.empty(rows, blocks, dtype=torch.float32, device=x.device) if factored else row_sums
     _linear_kernel[(blocks * cfg["SPLIT_K"] * triton.cdiv(rows, tile),)](  # (weight block, K split, row tile)
         x, x.stride(0), norm if norm is not None else weight, weight, bias if bias is not None else weight,
         residual if residual is not None else weight, out, parts, split_counters, rows, n, k, k_len, eps,
         NORM=norm is not None, SWIGLU=swiglu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         F32=INTERPRETED, **_launch_options(x, weight, cfg, swiglu, tile), xn_ptr=out if normed is None else normed,
         gn_ptr=weight if next_norm is None else next_norm, row_count_ptr=row_count,
-        NORM_OUT=0 if next_norm is None else n)
-    return out, normed
+        NORM_OUT=0 if next_norm is None or factored else n, sq_ptr=sums if sums is not None else out,
+        ROW_SCALE=0 if row_sums is None else row_sums.shape[1], SCALE_OUT=factored)
+    return out, normed, (sums if factored else None)
 
 
 def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: Tensor, cos: Tensor,
@@ -362,7 +347,10 @@ def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, 
     slots, links = (tree.slots, (tree.root, tree.ancestors)) if tree is not None else (None, None)
     q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims, counters=counters, slots=slots)
     attended = attention(q, kc, vc, pos, dims, links)
-    if NORM_IN_PRODUCER_ABOVE is not None and x.shape[0] > NORM_IN_PRODUCER_ABOVE and _norms_alike(wo, w13, x.device):
+    if FACTORED_NORM:
+        x, scaled, sums = linear_then_scaled(attended, wo, ffn_norm, bias=wo_b, residual=x, counters=counters)
+        h = fused_linear(scaled, w13, swiglu=True, eps=eps, counters=counters, row_sums=sums)
+    elif NORM_IN_PRODUCER_ABOVE is not None and x.shape[0] > NORM_IN_PRODUCER_ABOVE and _norms_alike(wo, w13, x.device):
         x, normed = linear_then_norm(attended, wo, ffn_norm, bias=wo_b, residual=x, eps=eps, counters=counters)
         h = fused_linear(normed, w13, swiglu=True, counters=counters)
     else:

@@ -29,6 +29,9 @@ if HAVE_TRITON:
     # Columns of x per step of `_inv_rms`'s sum of squares: gate/up's own norm and the O launch's normalization for
     # it (`_normalize_rows`) must step alike for a row's 1/RMS to have the same bits in both.
     RMS_STEP = tl.constexpr(512)
+    # `fused.FACTORED_NORM`: up to this many producer blocks a row (the 1.5B target's O launch has 24), gate/up loads
+    # their sums before its weight stream (`_block_sums`); more would hold a register each through it.
+    EARLY_SUMS = tl.constexpr(32)
 
     @triton.jit
     def _x_tile(x_ptr, x_stride, rows, t0, K, k0, BT: tl.constexpr, BK: tl.constexpr, FROM_L2: tl.constexpr = False):
@@ -207,6 +210,46 @@ if HAVE_TRITON:
                     xn = _a_tile(out_ptr, D, rows, t0, D, k0, rstd, g, True, BT, RMS_STEP, True)
                     _store_rows(xn_ptr, xn, t, rows, D, k0, RMS_STEP)
             tl.atomic_xchg(row_count_ptr + rt, 0)
+
+    @triton.jit
+    def _scaled_block_out(x, t0, n0, g_ptr, xg_ptr, sq_ptr, rows, N, last, BT: tl.constexpr, BN: tl.constexpr):
+        """`fused.FACTORED_NORM`, the producer's side: its stored output block x [BT, BN] (bf16) times the next
+        RMSNorm's g, to xg, and each row's sum of squares over the block, to sq [rows, blocks] at the block's column.
+        Why: the block is all this program has; 1/RMS needs the whole row, so the consumer finishes it from the
+        blocks' sums (`_block_sums`) and no program waits for the row's other blocks."""
+        t = t0 + tl.arange(0, BT)
+        n = n0 + tl.arange(0, BN)
+        g = tl.load(g_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        xf = x.to(tl.float32)
+        tl.store(xg_ptr + t[:, None] * N + n[None, :], (xf * g).to(tl.bfloat16),
+                 mask=(t[:, None] < rows) & (n[None, :] < N) & last)
+        tl.store(sq_ptr + t * tl.cdiv(N, BN) + n0 // BN, tl.sum(xf * xf, axis=1), mask=(t < rows) & last)
+
+    @triton.jit
+    def _block_sums(sq_ptr, t0, rows, BLOCKS: tl.constexpr, BT: tl.constexpr):
+        """`fused.FACTORED_NORM`, the consumer's side: the producer's BLOCKS sums of squares of rows t0..t0+BT
+        (`_scaled_block_out`), a [BT] vector each, every load issued before the weight stream (`_rstd_of_sums` adds
+        them after it). Over EARLY_SUMS blocks none (a wider model's hidden size): held through the stream they would
+        take a register each, so `_rstd_of_sums` loads them itself."""
+        t = t0 + tl.arange(0, BT)
+        sums = ()
+        if BLOCKS <= EARLY_SUMS:
+            for b in tl.static_range(BLOCKS):
+                sums = sums + (tl.load(sq_ptr + t * BLOCKS + b, mask=t < rows, other=0.0),)
+        return sums
+
+    @triton.jit
+    def _rstd_of_sums(sums, sq_ptr, t0, rows, D: tl.constexpr, eps, BLOCKS: tl.constexpr, BT: tl.constexpr):
+        """1/RMS [BT] from `_block_sums` (or, where it loaded none, from sq itself), added in block order one vector
+        at a time: elementwise, so a row's sum has the same bits in any tile height or layout (tall tiles too)."""
+        t = t0 + tl.arange(0, BT)
+        total = tl.zeros((BT,), tl.float32)
+        for b in tl.static_range(BLOCKS):
+            if BLOCKS <= EARLY_SUMS:
+                total += sums[b]
+            else:
+                total += tl.load(sq_ptr + t * BLOCKS + b, mask=t < rows, other=0.0)
+        return tl.rsqrt(total / D + eps)
 
     @triton.jit
     def _store_rows(xn_ptr, xn, t, rows, D: tl.constexpr, k0, BK: tl.constexpr):
