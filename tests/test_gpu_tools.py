@@ -275,3 +275,29 @@ def test_the_o_launch_sums_a_rows_squares_as_gate_up_does(table, height, unfacto
     if height == 16:
         one_warp = layouts(o_shape, True, {**rows[o_shape], "num_warps": 1})
         assert len(one_warp) == 1 and one_warp != by_gate_up, one_warp
+
+
+def test_the_factored_norm_leaves_no_serial_tail_and_no_per_step_scaling():
+    """`fused.FACTORED_NORM`, compiled for sm_90 with the H100/H200 table: the O launch takes one atomic (split-K's
+    counter), not a row tile's counter as well (the normalizing tail, which waits for the row's other blocks, is
+    gone), and gate/up has the barriers of a launch without RMSNorm (no 1/RMS pass, no scaling of x between two
+    barriers in every K step); with the switch off, gate/up with its own norm has more, and the O launch over 16
+    rows counts its row tile's blocks."""
+    from dfvg.gpu import block_sizes, fused
+
+    compile_sm90 = compile_tool(needs_triton=True)
+    o_shape, gate_up = (1536, 1536), (8960, 1536)
+
+    def ptx(shape: tuple[int, int], factored: bool, over: bool) -> str:
+        shipped, fused.FACTORED_NORM = fused.FACTORED_NORM, factored
+        try:
+            return compile_sm90.compiled_launch(16, shape, cfg=block_sizes.HOPPER[shape], over_one_tile=over).asm["ptx"]
+        finally:
+            fused.FACTORED_NORM = shipped
+
+    def atomics(text: str) -> int:
+        return text.count("atom.global.gpu.acq_rel.add")
+
+    plain_gate_up = ptx(gate_up, False, True).count("bar.sync")  # gate/up on the O launch's normalized rows
+    assert atomics(ptx(o_shape, True, False)) == 1 < atomics(ptx(o_shape, False, True)) == 2
+    assert ptx(gate_up, True, False).count("bar.sync") == plain_gate_up < ptx(gate_up, False, False).count("bar.sync")
