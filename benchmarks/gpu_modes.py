@@ -35,7 +35,7 @@ def current_mode() -> dict:
             "tall_above": fused.TALL_TILES_ABOVE, "items": decode_attention.ITEMS_PER_SM,
             "merge": (decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS,
                       decode_attention.COMBINE_COLUMNS), "loads_first": fused.RMS_LOADS_FIRST,
-            "factored": fused.FACTORED_NORM}
+            "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
@@ -46,13 +46,14 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     with a SWAP_AB entry with `fused.STACKED_PAIR` flipped (a swapped pair's two blocks as one MMA operand), the
     shipped step with `fused.EPILOGUE_FIRST` flipped (residual, bias, RoPE's tables loaded before the weight loop),
     with gate/up's RMSNorm its own, or done once by the O launch at every row count or over one row tile
-    (`fused.NORM_IN_PRODUCER_ABOVE`: the two other than shipped), with 16-row tiles for every launch or one tall tile
-    for unnormalized swapped launches over 16 rows (`fused.TALL_TILES_ABOVE`, flipped), the attention's split launch
-    aiming at other work items per SM (`decode_attention.ITEMS_PER_SM`: ITEMS), its merge launch in other pieces
-    (`decode_attention.COMBINE_*`: MERGES; other bits, the same for every T), gate/up's RMSNorm factored across the
-    O launch and gate/up (`fused.FACTORED_NORM`, flipped), RMSNorm's row loads issued together
-    or one 512-column step after another (`fused.RMS_LOADS_FIRST`, flipped), and the GEMVs
-    streaming ahead (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
+    (`fused.NORM_IN_PRODUCER_ABOVE`: the two other than shipped, with `fused.FACTORED_NORM` off), with 16-row tiles
+    for every launch or one tall tile for unnormalized swapped launches over 16 rows (`fused.TALL_TILES_ABOVE`,
+    flipped), the attention's split launch aiming at other work items per SM (`decode_attention.ITEMS_PER_SM`:
+    ITEMS), its merge launch in other pieces (`decode_attention.COMBINE_*`: MERGES; other bits, the same for every
+    T), gate/up's RMSNorm factored across the O launch and gate/up (`fused.FACTORED_NORM`, flipped) and QKV's and
+    the head's across the down launch and them (`fused.FACTORED_QKV_NORM`, flipped), RMSNorm's row loads issued
+    together or one 512-column step after another (`fused.RMS_LOADS_FIRST`, flipped), and the GEMVs streaming ahead
+    (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
     shipped = current_mode()
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
                                                                       "split_programs": None},
@@ -70,8 +71,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     modes[f"shipped, each launch's epilogue inputs loaded {first}"] = {**shipped, "early": not shipped["early"]}
     norms = {None: "its own at every row count", 0: "done once by the O launch",  # fused.NORM_IN_PRODUCER_ABOVE
              16: "done once by the O launch over 16 rows"}
-    modes |= {f"shipped, gate/up's RMSNorm {which}": {**shipped, "norm_in_producer": above}
-              for above, which in norms.items() if above != shipped["norm_in_producer"]}
+    modes |= {f"shipped, gate/up's RMSNorm {which}": {**shipped, "norm_in_producer": above, "factored": False}
+              for above, which in norms.items() if above != shipped["norm_in_producer"]}  # (read with it unfactored)
     tall = {None: "16-row tiles at every row count", 16: "one tall tile over 16 rows",  # fused.TALL_TILES_ABOVE
             32: "one tall tile over 32 rows", 48: "one tall tile over 48 rows"}
     modes |= {f"shipped, unnormalized swapped launches in {which}": {**shipped, "tall_above": above}
@@ -81,6 +82,9 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     factored = "ffn norm not factored" if shipped["factored"] else \
         "ffn norm factored: O stores out * g and row sums, gate/up scales by 1/RMS"  # fused.FACTORED_NORM flipped
     modes[f"shipped, {factored}"] = {**shipped, "factored": not shipped["factored"]}
+    qkv = "qkv norm not factored" if shipped["factored_qkv"] else \
+        "qkv norm factored: down stores out * g and row sums, QKV and the head scale by 1/RMS"  # FACTORED_QKV_NORM
+    modes[f"shipped, {qkv}"] = {**shipped, "factored_qkv": not shipped["factored_qkv"]}
     order = "one after another" if shipped["loads_first"] else "together"  # fused.RMS_LOADS_FIRST flipped
     modes[f"shipped, RMSNorm's row loads issued {order}"] = {**shipped, "loads_first": not shipped["loads_first"]}
     for short, splits, columns in (pieces for pieces in MERGES if pieces != shipped["merge"]):
@@ -105,6 +109,7 @@ def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     decode_attention.SPLIT_PROGRAMS_PER_SM, decode_attention.ITEMS_PER_SM = mode["split_programs"], mode["items"]
     decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS, decode_attention.COMBINE_COLUMNS = mode["merge"]
     fused.RMS_LOADS_FIRST, fused.FACTORED_NORM = mode["loads_first"], mode["factored"]
+    fused.FACTORED_QKV_NORM = mode["factored_qkv"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's
     block_sizes.TUNED.update({(n, k): config for n, k, config in tables[mode["table"]]})
 

@@ -97,7 +97,7 @@ def sweep_space(text: str) -> dict[str, tuple[int, ...]]:
 def shape_grid(cfg, name: str, space: dict | None = None) -> list[dict]:
     """sweep_grid's block sizes for launch `name`; QKV + RoPE's BN within half a head (RoPE's pairs, one program)."""
     n, k, opts = shapes(cfg)[name]
-    norm = name == "wqkv" or opts.get("norm", False)
+    norm = own_norm(name, opts)
     return [c for c in sweep_grid(n, k, norm, space) if name != "wqkv" or c["BN"] <= cfg.head_dim // 2]
 
 
@@ -115,14 +115,33 @@ def sweep_launches(cfg, only_text: str, space: dict) -> tuple[str, ...]:
     return only
 
 
+def own_norm(name: str, opts: dict) -> bool:
+    """Whether launch `name` runs RMSNorm's 1/RMS pass itself: not where a factored norm hands it the producer's
+    block sums (`fused.FACTORED_NORM`: gate/up; `fused.FACTORED_QKV_NORM`: QKV past layer 0, which this times, and
+    the LM head)."""
+    if fused.FACTORED_QKV_NORM and name in ("wqkv", "lm_head"):
+        return False
+    return name == "wqkv" or (opts.get("norm", False) and not (fused.FACTORED_NORM and name == "w13"))
+
+
 def launch_of(cfg, name: str, n: int, k: int, opts: dict, rows: int):
     """A callable(weight, config): the fused launch of one weight shape at `rows` rows as a forward runs it, and
-    nothing else: over `fused.NORM_IN_PRODUCER_ABOVE` rows O also normalizes for gate/up and gate/up has no norm
-    (until 2026-12-06 afternoon the sweep timed them as at T = 1 there). Split-K counters and caches made once."""
+    nothing else: with a factored norm (`fused.FACTORED_NORM`, `FACTORED_QKV_NORM`) the producer (O, down) also
+    stores its scaled rows and block sums and the consumer (gate/up; QKV, the LM head) reads such sums instead of
+    its own 1/RMS pass; without, over `fused.NORM_IN_PRODUCER_ABOVE` rows O normalizes for gate/up and gate/up has no
+    norm. Split-K counters, caches and the sums made once."""
     counters, x = fused.new_counters("cuda"), torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     normalized = fused.NORM_IN_PRODUCER_ABOVE is not None and rows > fused.NORM_IN_PRODUCER_ABOVE
     g = torch.ones(k, device="cuda", dtype=torch.bfloat16)
     res = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    gn = torch.ones(n, device="cuda", dtype=torch.bfloat16)
+    producer = (name == "wo" and fused.FACTORED_NORM) or (name == "w2" and fused.FACTORED_QKV_NORM)
+    if producer:
+        return lambda w, c: fused.linear_then_scaled(x, w, gn, residual=res, config=c, counters=counters)[0]
+    given = None
+    if not own_norm(name, opts) and opts.get("norm", name == "wqkv"):  # the producer's (O's; down's) block sums
+        made_by = shapes(cfg)["wo" if name == "w13" else "w2"]
+        given = torch.rand(rows, -(-k // block_sizes.linear_config(*made_by[:2])["BN"]), device="cuda") + 1.0
     if name == "wqkv":
         hd, slots = cfg.head_dim, 1024
         dims = (cfg.num_heads, cfg.num_kv_heads, hd, cfg.intermediate_size, cfg.rms_norm_eps)
@@ -130,13 +149,13 @@ def launch_of(cfg, name: str, n: int, k: int, opts: dict, rows: int):
         cos, sin = torch.randn(slots, hd, device="cuda"), torch.randn(slots, hd, device="cuda")
         kc = torch.zeros(slots, cfg.num_kv_heads, hd, device="cuda", dtype=torch.bfloat16)
         vc = kc.clone()
-        return lambda w, c: fused.qkv_rope(x, g, w, None, pos, cos, sin, kc, vc, dims, c, counters=counters)
+        return lambda w, c: fused.qkv_rope(x, g, w, None, pos, cos, sin, kc, vc, dims, c, counters=counters,
+                                           row_sums=given)
     if name == "wo" and normalized:  # (as `layer_forward` does where `fused._norms_alike`: tables of >= 2 warps)
-        gn = torch.ones(n, device="cuda", dtype=torch.bfloat16)
         return lambda w, c: fused.linear_then_norm(x, w, gn, residual=res, config=c, counters=counters)[0]
-    kwargs = {"norm": g if opts.get("norm") and not (normalized and name == "w13") else None,
+    kwargs = {"norm": g if own_norm(name, opts) and not (normalized and name == "w13") else None,
               "residual": res if opts.get("residual") else None, "swiglu": opts.get("swiglu", False),
-              "counters": counters}
+              "counters": counters, "row_sums": given}
     return lambda w, c: fused.fused_linear(x, w, config=c, **kwargs)
 
 

@@ -16,10 +16,12 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
                                                  # one launch over block sizes (gpu_rows.py --sweep-space's words)
     python gpu/compile_sm90.py --gpu H100 16      # the table an H100 or H200 runs (GPU_TABLES), not TUNED
     python gpu/compile_sm90.py --epilogue-first --unstacked 16  # fused.EPILOGUE_FIRST on / fused.STACKED_PAIR off
-    python gpu/compile_sm90.py --over-16-rows 16      # a launch over 16 rows: O normalizes for gate/up
+    python gpu/compile_sm90.py --unfactored-norm --over-16-rows 16  # a launch over 16 rows: O normalizes for gate/up
     python gpu/compile_sm90.py --rms-loads-in-turn 16  # fused.RMS_LOADS_FIRST off
     python gpu/compile_sm90.py --unfactored-norm 16    # fused.FACTORED_NORM off: gate/up normalizes its own x (or,
                                                        # with --over-16-rows, O normalizes it)
+    python gpu/compile_sm90.py --factored-qkv-norm 16  # fused.FACTORED_QKV_NORM on: down stores out * g and sums,
+                                                       # QKV and the LM head scale by 1/RMS of them
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ LINEAR = {"x_ptr": "*bf16", "x_stride": "i32", "g_ptr": "*bf16", "w_ptr": "*bf16
           "sq_ptr": "*fp32"}
 QKV = {"x_ptr": "*bf16", "g_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "pos_ptr": "*i64",
        "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "q_ptr": "*bf16", "kc_ptr": "*bf16",
-       "vc_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "rows": "i32", "k_len": "i32", "eps": "fp32"}
+       "vc_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "rows": "i32", "k_len": "i32", "eps": "fp32",
+       "sq_ptr": "*fp32"}
 DIVISIBLE = ("x_stride", "N", "k_len")
 # The 1.5B target's launches: (N, K) -> what runs on that weight
 LAUNCHES = {(2048, 1536): "qkv + rope", (1536, 1536): "o proj + residual", (8960, 1536): "norm + gate/up",
@@ -72,27 +75,34 @@ OVER_ONE_TILE = False
 
 
 def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict | None = None,
-                    over_one_tile: bool | None = None):
-    """The target's launch on weight `shape` with `height`-row tiles, compiled for sm_90 (its TUNED block sizes, or
-    `cfg`; `--gpu` puts that GPU's table in TUNED first); `over_one_tile`: as a launch over 16 rows runs it
-    (None: `OVER_ONE_TILE`); `ahead`: with the weight prefetch of 512 columns and the early trigger
-    (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER)."""
-    cfg, what = cfg or TUNED[shape], LAUNCHES[shape]
+                    over_one_tile: bool | None = None, table: dict | None = None):
+    """The target's launch on weight `shape` with `height`-row tiles, compiled for sm_90 (its block sizes in `table`,
+    default TUNED, or `cfg`; `--gpu` puts that GPU's table in TUNED first; a factored norm's consumer counts its
+    producer's blocks in the same table); `over_one_tile`: as a launch over 16 rows runs it (None: `OVER_ONE_TILE`);
+    `ahead`: with the weight prefetch of 512 columns and the early trigger (fused.PREFETCH_COLUMNS,
+    decode_attention.EARLY_TRIGGER)."""
+    table = table or TUNED
+    cfg, what = cfg or table[shape], LAUNCHES[shape]
     common = {"K": shape[1], "F32": False, "BT": height, "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
               "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": fused.STACKED_PAIR, "PDL": True,
               "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead, "THREADS": 32 * cfg["num_warps"],
               "EARLY": fused.EPILOGUE_FIRST, "LOADS_FIRST": fused.RMS_LOADS_FIRST}
+    down_blocks = -(-1536 // table[(1536, 8960)]["BN"])  # the down launch's output blocks: QKV's / the head's sums
+    qkv_factored = fused.FACTORED_QKV_NORM  # down stores out * g and its sums, QKV (past layer 0) and the head scale
     if what.startswith("qkv"):
-        consts = {**common, "HEADS": 12, "KV_HEADS": 2, "HD": 128, "HAS_BIAS": True, "BN": min(cfg["BN"], 64)}
+        consts = {**common, "HEADS": 12, "KV_HEADS": 2, "HD": 128, "HAS_BIAS": True, "BN": min(cfg["BN"], 64),
+                  "ROW_SCALE": down_blocks if qkv_factored else 0}
         return compiled(fused._qkv_rope_kernel, QKV, consts, cfg)
     normalized = OVER_ONE_TILE if over_one_tile is None else over_one_tile  # the O launch normalizes for gate/up
     factored = fused.FACTORED_NORM  # at every row count: O stores out * g and its sums, gate/up scales by 1/RMS
     produces = (normalized or factored) and what.startswith("o proj")
-    o_blocks = -(-1536 // TUNED[(1536, 1536)]["BN"])  # the O launch's output blocks: gate/up's sums a row
-    consts = {**common, "NORM": "norm" in what and not ((normalized or factored) and "gate" in what),
+    o_blocks = -(-1536 // table[(1536, 1536)]["BN"])  # the O launch's output blocks: gate/up's sums a row
+    head = qkv_factored and "lm head" in what
+    consts = {**common, "NORM": "norm" in what and not ((normalized or factored) and "gate" in what) and not head,
               "SWIGLU": "gate" in what, "HAS_BIAS": False, "HAS_RES": "residual" in what, "BN": cfg["BN"],
-              "NORM_OUT": shape[0] if produces and not factored else 0, "SCALE_OUT": produces and factored,
-              "ROW_SCALE": o_blocks if factored and "gate" in what else 0}
+              "NORM_OUT": shape[0] if produces and not factored else 0,
+              "SCALE_OUT": (produces and factored) or (qkv_factored and what.startswith("down")),
+              "ROW_SCALE": o_blocks if factored and "gate" in what else down_blocks if head else 0}
     return compiled(fused._linear_kernel, LINEAR, consts, cfg)
 
 
@@ -206,10 +216,11 @@ def main(argv: list[str]) -> None:
     fused.STACKED_PAIR = fused.STACKED_PAIR and "--unstacked" not in argv
     fused.RMS_LOADS_FIRST = fused.RMS_LOADS_FIRST and "--rms-loads-in-turn" not in argv
     fused.FACTORED_NORM = fused.FACTORED_NORM and "--unfactored-norm" not in argv
+    fused.FACTORED_QKV_NORM = fused.FACTORED_QKV_NORM or "--factored-qkv-norm" in argv
     global OVER_ONE_TILE
     OVER_ONE_TILE = "--over-16-rows" in argv
     switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--over-16-rows", "--rms-loads-in-turn",
-                "--unfactored-norm")
+                "--unfactored-norm", "--factored-qkv-norm")
     argv = [a for a in argv if a not in switches]
     shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
     gpu = _option(argv, "--gpu", "H100")

@@ -249,7 +249,8 @@ def shipped_switches() -> dict:
             "items": decode_attention.ITEMS_PER_SM, "merge": (decode_attention.COMBINE_SHORT,
                                                               decode_attention.COMBINE_SPLITS,
                                                               decode_attention.COMBINE_COLUMNS),
-            "loads_first": fused.RMS_LOADS_FIRST, "factored": fused.FACTORED_NORM}
+            "loads_first": fused.RMS_LOADS_FIRST, "factored": fused.FACTORED_NORM,
+            "factored_qkv": fused.FACTORED_QKV_NORM}
 
 
 def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
@@ -283,7 +284,7 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     assert early == [{**shipped, "early": not shipped["early"]}]
     norm = [mode for name, mode in modes.items() if "gate/up's RMSNorm" in name]
     others = [above for above in (None, 0, 16) if above != fused.NORM_IN_PRODUCER_ABOVE]
-    assert norm == [{**shipped, "norm_in_producer": above} for above in others] and len(norm) == 2
+    assert norm == [{**shipped, "norm_in_producer": above, "factored": False} for above in others] and len(norm) == 2
     try:
         gpu_modes._set_mode(before, tables)
         assert decode_attention.SPLIT_PROGRAMS_PER_SM is None and not decode_attention.SHARE_KV
@@ -333,7 +334,11 @@ def test_gpu_rows_times_the_verify_switches_each_flipped():
     assert loads == [{**shipped, "loads_first": not shipped["loads_first"]}]
     factored = [mode for name, mode in modes.items() if "ffn norm" in name]
     assert factored == [{**shipped, "factored": not shipped["factored"]}]
+    qkv = [mode for name, mode in modes.items() if "qkv norm" in name]
+    assert qkv == [{**shipped, "factored_qkv": not shipped["factored_qkv"]}]
     try:
+        gpu_modes._set_mode(qkv[0], tables)
+        assert fused.FACTORED_QKV_NORM != shipped["factored_qkv"]
         gpu_modes._set_mode(factored[0], tables)
         assert fused.FACTORED_NORM != shipped["factored"]
         gpu_modes._set_mode(loads[0], tables)

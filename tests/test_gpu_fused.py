@@ -581,7 +581,8 @@ def factored_norm_checks(device: str) -> list[float]:
         """(out, out * g, sums, gate/up's output) of rows a..b-1, each launch over those rows."""
         out, scaled, sums = fused.linear_then_scaled(x[a:b], w, nxt, bias=nxt, residual=res[a:b], counters=counters,
                                                      config=cfg)
-        return out, scaled, sums, fused.fused_linear(scaled, w_next, swiglu=True, row_sums=sums, counters=counters)
+        return out, scaled, sums, fused.fused_linear(scaled, w_next, swiglu=True, row_sums=sums, counters=counters,
+                                                     config=cfg)  # (in the interpreter gate/up with split-K too)
 
     failures = counts_unlike_alone(launches, max_rows)
     out, scaled, sums, h = launches(0, max_rows)
@@ -590,7 +591,7 @@ def factored_norm_checks(device: str) -> list[float]:
 
         early, gemv_stream.EARLY_SUMS = gemv_stream.EARLY_SUMS, 0
         try:
-            late = fused.fused_linear(scaled, w_next, swiglu=True, row_sums=sums, counters=counters)
+            late = fused.fused_linear(scaled, w_next, swiglu=True, row_sums=sums, counters=counters, config=cfg)
         finally:
             gemv_stream.EARLY_SUMS = early
         failures += [] if torch.equal(late, h) else ["sums loaded after the stream"]
@@ -601,6 +602,49 @@ def factored_norm_checks(device: str) -> list[float]:
         layer_err = layer_errors(small_model(32 if device == "cpu" else 128, device), 3, 70, cache_len=160)[0]
     rows_off = producer_norm_row_failures(device, factored=True)
     return [len(failures), gap, float(torch.equal(out, plain)), layer_err, len(rows_off)]
+
+
+def factored_qkv_checks(device: str) -> list[float]:
+    """`fused.FACTORED_QKV_NORM` through the fused stack (`dfvg.gpu.fused_stack`) of a small 2-layer model: [rows of a
+    T-row pass whose logits differ in any bit from one-row passes run in order (each from the same old caches), the
+    relative gap to the pass with the switch off (RMSNorm first in QKV and the LM head) of the logits and of the K
+    that layer 1's QKV wrote (the logits of a model this small hardly see a QKV without its 1/RMS: 0.0195 against
+    0.0052, checked once by hand; its K is off by the RMS), 1.0 if the switch changed some bit (so it ran)]."""
+    from dfvg.gpu import fused
+    from dfvg.gpu.block import layer_weights
+    from dfvg.gpu.fused_stack import stack_forward, stack_logits
+
+    model = small_model(32 if device == "cpu" else 128, device)
+    cfg = model.config
+    dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
+    weights = [layer_weights(layer) for layer in model.layers]
+    model.setup_cache(1, 160)
+    caches = [(layer.attention.kv_cache.k, layer.attention.kv_cache.v) for layer in model.layers]
+    torch.manual_seed(6)
+    old = [(k.normal_().clone(), v.normal_().clone()) for k, v in caches]
+    rows = 20 if device == "cpu" else 64
+    ids = torch.randint(0, cfg.vocab_size, (1, rows), device=device)
+    pos = torch.arange(70, 70 + rows, device=device)
+
+    def run(steps: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, the K layer 1 wrote at the rows' positions)."""
+        for (k, v), (old_k, old_v) in zip(caches, old, strict=True):
+            k.copy_(old_k)
+            v.copy_(old_v)
+        outs = []
+        for a, b in steps:
+            counters = fused.new_counters(device)
+            x, scaled = stack_forward(model, weights, dims, model.embed(ids[:, a:b])[0], pos[a:b], counters)
+            outs.append(stack_logits(model, x, counters, scaled))
+        return torch.cat(outs), caches[1][0][0, 70:70 + rows].float()
+
+    with torch.inference_mode():
+        with fused_switch("FACTORED_QKV_NORM", True):
+            (whole, k_whole), (alone, _) = run([(0, rows)]), run([(i, i + 1) for i in range(rows)])
+        plain, k_plain = run([(0, rows)])
+    differ = [i for i in range(rows) if not torch.equal(whole[i], alone[i])]
+    gaps = [((a - b).norm() / b.norm()).item() for a, b in ((whole, plain), (k_whole, k_plain))]
+    return [len(differ), *gaps, float(not torch.equal(whole, plain))]
 
 
 def producer_norm_row_failures(device: str, factored: bool = False) -> list[int]:
@@ -670,9 +714,26 @@ def test_factored_norm_keeps_rows_invariant_on_gpu():
         failures, gap, same_out, layer_err, layer_rows)
 
 
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
+def test_factored_qkv_norm_keeps_rows_invariant_under_triton_interpreter():
+    """`fused.FACTORED_QKV_NORM`: a 20-row pass of a 2-layer model (layer 1's QKV and the LM head on the down launches'
+    scaled rows) gives every row the logits of one-row passes, bit for bit, near the pass with RMSNorm first."""
+    differ, gap, k_gap, ran = interpreted("t.factored_qkv_checks('cpu')")
+    assert differ == 0 and gap < 2e-2 and k_gap < 2e-2 and ran == 1.0, (differ, gap, k_gap, ran)
+
+
+@pytest.mark.gpu
+def test_factored_qkv_norm_keeps_rows_invariant_on_gpu():
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    differ, gap, k_gap, ran = factored_qkv_checks("cuda")
+    assert differ == 0 and gap < 2e-2 and k_gap < 2e-2 and ran == 1.0, (differ, gap, k_gap, ran)
+
+
 def test_a_one_warp_launch_keeps_gate_ups_own_norm():
     """With 1 warp the O launch's 1/RMS would sum a row in another order than gate/up's (tests/test_gpu_tools.py
-    compiles both), so `fused._norms_alike` keeps gate/up's own norm at every row count then."""
+    compiles both), so `fused._norms_alike` keeps gate/up's own norm at every row count then (read with
+    `fused.FACTORED_NORM` off only)."""
     from dfvg.gpu import fused
     from dfvg.gpu.block_sizes import linear_config
 

@@ -291,7 +291,7 @@ def test_the_factored_norm_leaves_no_serial_tail_and_no_per_step_scaling():
     def ptx(shape: tuple[int, int], factored: bool, over: bool) -> str:
         shipped, fused.FACTORED_NORM = fused.FACTORED_NORM, factored
         try:
-            return compile_sm90.compiled_launch(16, shape, cfg=block_sizes.HOPPER[shape], over_one_tile=over).asm["ptx"]
+            return compile_sm90.compiled_launch(16, shape, over_one_tile=over, table=block_sizes.HOPPER).asm["ptx"]
         finally:
             fused.FACTORED_NORM = shipped
 

@@ -79,12 +79,18 @@ RMS_LOADS_FIRST = True
 # RMSNorm first, the same for every T: GPU tests). Against off (H100, ctx 512, RESULTS.md 2026-12-06 18:27 UTC): T = 1
 # 0.960x, T = 16 0.963x, T = 17 0.938x, T = 64 0.944x; 32k 0.975-0.990x. Off: NORM_IN_PRODUCER_ABOVE decides.
 FACTORED_NORM = True
+# The same for QKV's and the LM head's RMSNorm: each layer's down launch stores its output times the next norm's g
+# (the next layer's attention norm; after the last layer, the final norm) and its block sums, and the next QKV launch
+# or the LM head scales by 1/RMS of them (`dfvg.gpu.fused_stack` carries them); layer 0's QKV keeps its own norm (its
+# input is the embedding). Other bits, the same for every T. Off until a lease times it (benchmarks/gpu_modes.py).
+FACTORED_QKV_NORM = False
 
 if HAVE_TRITON:
     import triton
     import triton.language as tl
 
     from dfvg.gpu.decode_attention import _after_previous_launch, _let_next_launch_start
+    from dfvg.gpu.epilogues import _linear_inputs, _linear_out, _rope_inputs, _rope_out
     from dfvg.gpu.gemv_stream import (
         _block_sums,
         _normalize_rows,
@@ -95,43 +101,6 @@ if HAVE_TRITON:
         _scaled_block_out,
         _stream,
     )
-    from dfvg.gpu.rope_epilogue import _rope_inputs, _rope_out
-
-    @triton.jit
-    def _linear_inputs(t0, n0, b_ptr, res_ptr, rows, N, need, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                       BT: tl.constexpr, BN: tl.constexpr):
-        """The epilogue's inputs of one row tile: bias [1, BN] and residual [BT, BN] (zeros where absent or where
-        `need` is false: a split that does not finish the sum needs none)."""
-        t = t0 + tl.arange(0, BT)
-        n = n0 + tl.arange(0, BN)
-        bias = tl.zeros((1, BN), tl.float32)
-        if HAS_BIAS:
-            bias = tl.load(b_ptr + n, mask=(n < N) & need, other=0.0).to(tl.float32)[None, :]
-        res = tl.zeros((BT, BN), tl.bfloat16)
-        if HAS_RES:  # in its own dtype (bf16 in a layer: half the registers), widened where it is added
-            res = tl.load(res_ptr + t[:, None] * N + n[None, :], mask=(t[:, None] < rows) & (n[None, :] < N) & need,
-                          other=0.0)
-        return bias, res
-
-    @triton.jit
-    def _linear_out(acc, acc_up, bias, res, t0, n0, out_ptr, rows, N, last, SWIGLU: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
-        """Bias, SwiGLU and residual (`_linear_inputs`) on one row tile's sums, then the store of rows t0..t0+BT."""
-        t = t0 + tl.arange(0, BT)
-        n = n0 + tl.arange(0, BN)
-        if HAS_BIAS:
-            acc += bias
-        if SWIGLU:  # the reference rounds gate and up to bf16, then computes silu(gate) * up in bf16
-            gate = acc.to(tl.bfloat16).to(tl.float32)
-            acc = (gate / (1.0 + tl.exp(-gate))).to(tl.bfloat16).to(tl.float32) * acc_up.to(tl.bfloat16).to(
-                tl.float32)
-        where = t[:, None] * N + n[None, :]
-        valid = (t[:, None] < rows) & (n[None, :] < N) & last
-        if HAS_RES:
-            acc = acc.to(tl.bfloat16).to(tl.float32) + res.to(tl.float32)
-        stored = acc.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + where, stored, mask=valid)
-        return stored
 
     @triton.jit(do_not_specialize=["rows"])
     def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
@@ -181,10 +150,11 @@ if HAVE_TRITON:
                          BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                          SWAP_AB: tl.constexpr, STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
                          TRIGGER: tl.constexpr, THREADS: tl.constexpr, EARLY: tl.constexpr,
-                         LOADS_FIRST: tl.constexpr):
+                         LOADS_FIRST: tl.constexpr, sq_ptr, ROW_SCALE: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
-        position on a chain; a token tree's nodes of one depth share a position but not a slot)."""
+        position on a chain; a token tree's nodes of one depth share a position but not a slot). ROW_SCALE (the
+        producer's blocks a row, `FACTORED_QKV_NORM`): x is already times g, and the sums are scaled by 1/RMS of sq."""
         HALF: tl.constexpr = HD // 2
         chunks: tl.constexpr = HALF // BN
         block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
@@ -197,9 +167,11 @@ if HAVE_TRITON:
         if EARLY:  # `EPILOGUE_FIRST`: the position -> cos/sin chain of round trips overlaps the weight stream
             side = _rope_inputs(t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, rows, True, HEADS,
                                 KV_HEADS, HD, HAS_BIAS, BT, BN)
+        if ROW_SCALE:  # loaded before the stream, added after it
+            sums = _block_sums(sq_ptr, t0, rows, ROW_SCALE, BT)
         acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
-                                 rows, t0, split * k_len, k_len, K, eps, True, True, F32, BT, BN, BK, SWAP_AB,
-                                 STACK, LOADS_FIRST)
+                                 rows, t0, split * k_len, k_len, K, eps, ROW_SCALE == 0, True, F32, BT, BN, BK,
+                                 SWAP_AB, STACK, LOADS_FIRST)
         _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
@@ -208,6 +180,9 @@ if HAVE_TRITON:
         if not EARLY:
             side = _rope_inputs(t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, rows, last, HEADS,
                                 KV_HEADS, HD, HAS_BIAS, BT, BN)
+        if ROW_SCALE:
+            rstd = _rstd_of_sums(sums, sq_ptr, t0, rows, K, eps, ROW_SCALE, BT)[:, None]
+            acc_lo, acc_hi = acc_lo * rstd, acc_hi * rstd
         b_lo, b_hi, cos_lo, sin_lo, cos_hi, sin_hi, slot = side
         _rope_out(acc_lo, acc_hi, b_lo, b_hi, cos_lo, sin_lo, cos_hi, sin_hi, slot, t0, head, lo, q_ptr, kc_ptr,
                   vc_ptr, rows, last, HEADS, KV_HEADS, HD, HAS_BIAS, BT, BN)
@@ -227,7 +202,9 @@ def _config(n: int, k: int, device: torch.device, config: dict | None) -> dict:
 
 def _tile_rows(rows: int, cfg: dict, normalizes: bool) -> int:
     """Rows of a launch's row tiles (`TALL_TILES_ABOVE`): a normalizing launch keeps `TILE_ROWS` because its 1/RMS
-    sums must split a row as the one-row launch does; an mma.sync (no SWAP_AB) would take the rows as its M side."""
+    sums must split a row as the one-row launch does, and so does a factored norm's producer, whose per-block sums
+    of squares (`gemv_stream._scaled_block_out`) reduce over a tile's columns in the tile's layout; an mma.sync (no
+    SWAP_AB) would take the rows as its M side."""
     if TALL_TILES_ABOVE is None or rows <= TALL_TILES_ABOVE or normalizes or not cfg.get("SWAP_AB"):
         return TILE_ROWS
     return max(TILE_ROWS, min(MAX_ROWS, 1 << (rows - 1).bit_length()))
@@ -285,7 +262,8 @@ def _linear(x: Tensor, weight: Tensor, norm, bias, residual, swiglu: bool, eps: 
     """The launch behind `fused_linear`, `linear_then_norm` and `linear_then_scaled`: (out, the next launch's x or
     None, its row sums or None)."""
     rows, k = x.shape
-    if next_norm is not None and triton.cdiv(rows, TILE_ROWS) > ROW_COUNTERS:  # a counter per row tile
+    counts_rows = next_norm is not None and not factored  # `_normalize_rows`' tail: a counter per row tile
+    if counts_rows and triton.cdiv(rows, TILE_ROWS) > ROW_COUNTERS:
         raise ValueError(f"linear_then_norm takes at most {ROW_COUNTERS * TILE_ROWS} rows a launch, got {rows}")
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     cfg = _config(n, k, x.device, config)
@@ -294,7 +272,7 @@ def _linear(x: Tensor, weight: Tensor, norm, bias, residual, swiglu: bool, eps: 
     k_len, parts, split_counters = split_buffers(cfg, blocks, rows, k, x.device, counters, tile)
     out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
     normed = torch.empty_like(out) if next_norm is not None else None
-    row_count = split_counters if normed is None else row_counters(counters, x.device)  # (unread without a norm)
+    row_count = row_counters(counters, x.device) if counts_rows else split_counters  # (unread without the tail)
     sums = torch.empty(rows, blocks, dtype=torch.float32, device=x.device) if factored else row_sums
     _linear_kernel[(blocks * cfg["SPLIT_K"] * triton.cdiv(rows, tile),)](  # (weight block, K split, row tile)
         x, x.stride(0), norm if norm is not None else weight, weight, bias if bias is not None else weight,
@@ -309,9 +287,10 @@ def _linear(x: Tensor, weight: Tensor, norm, bias, residual, swiglu: bool, eps: 
 
 def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: Tensor, cos: Tensor,
              sin: Tensor, kc: Tensor, vc: Tensor, dims: tuple, config: dict | None = None,
-             counters: Tensor | None = None, slots: Tensor | None = None) -> Tensor:
+             counters: Tensor | None = None, slots: Tensor | None = None, row_sums: Tensor | None = None) -> Tensor:
     """RMSNorm + QKV projection + RoPE at pos; writes k/v into kc/vc [S, KV, hd] at slots (default: pos);
-    returns q [T, H*hd]."""
+    returns q [T, H*hd]. row_sums [T, B]: x is already times the norm's g, and these its rows' block sums
+    (`linear_then_scaled`; `FACTORED_QKV_NORM`)."""
     heads, kv_heads, hd, _, eps = dims
     rows, k = x.shape
     cfg = _config(weight.shape[0], k, x.device, config)
@@ -323,29 +302,36 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
         x, norm, weight, bias if bias is not None else weight, pos, pos if slots is None else slots, cos, sin, q,
         kc, vc, parts, counters, rows, k,
         k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None, F32=INTERPRETED,
-        **_launch_options(x, weight, cfg, True, TILE_ROWS))
+        **_launch_options(x, weight, cfg, True, TILE_ROWS), sq_ptr=q if row_sums is None else row_sums,
+        ROW_SCALE=0 if row_sums is None else row_sums.shape[1])
     return q
 
 
 def _norms_alike(wo: Tensor, w13: Tensor, device: torch.device) -> bool:
-    """Whether the O launch's 1/RMS sums a row as gate/up's does: with 2 warps or more and rows of whole 16-element
-    pieces (gate/up's x stride), each splits a row's 512 columns as 8 a thread x 32 lanes x 2 warps (the sm_90
-    layouts Triton picks; tests/test_gpu_tools.py compiles both). Anything else keeps gate/up's own norm."""
+    """(With `FACTORED_NORM` off.) Whether the O launch's 1/RMS sums a row as gate/up's does: with 2 warps or more
+    and rows of whole 16-element pieces (gate/up's x stride), each splits a row's 512 columns as 8 a thread x 32
+    lanes x 2 warps (the sm_90 layouts Triton picks; tests/test_gpu_tools.py compiles both). Anything else keeps
+    gate/up's own norm."""
     shapes = ((wo.shape[0], wo.shape[1]), (w13.shape[0] // 2, w13.shape[1]))
     return wo.shape[0] % 16 == 0 and all(_config(n, k, device, None)["num_warps"] >= 2 for n, k in shapes)
 
 
 def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, vc: Tensor, w: tuple,
-                  dims: tuple, counters: Tensor | None = None, tree: TreeRows | None = None) -> Tensor:
+                  dims: tuple, counters: Tensor | None = None, tree: TreeRows | None = None,
+                  given: tuple[Tensor, Tensor] | None = None,
+                  next_norm: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """One decoder layer on x [T, D] (bf16) at positions pos [T]: the launches of the module docstring.
 
     w as `dfvg.gpu.block.layer_weights` (q/k norm must be None); kc/vc [S, KV, hd]; cos/sin [S, hd] fp32;
-    tree: the rows are token-tree nodes (their own cache slots, attention over their ancestors)."""
+    tree: the rows are token-tree nodes (their own cache slots, attention over their ancestors). With
+    `FACTORED_QKV_NORM` (`dfvg.gpu.fused_stack`): given, the previous layer's (x times this attention norm's g, block
+    sums) for QKV; next_norm, the next RMSNorm's g, and then the layer returns (x, x times it, x's block sums)."""
     attn_norm, wqkv, wqkv_b, wo, wo_b, _q_norm, _k_norm, ffn_norm, w13, w2 = w
     eps = dims[4]
     counters = counters if counters is not None else new_counters(x.device)
     slots, links = (tree.slots, (tree.root, tree.ancestors)) if tree is not None else (None, None)
-    q = qkv_rope(x, attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims, counters=counters, slots=slots)
+    q = qkv_rope(x if given is None else given[0], attn_norm, wqkv, wqkv_b, pos, cos, sin, kc, vc, dims,
+                 counters=counters, slots=slots, row_sums=None if given is None else given[1])
     attended = attention(q, kc, vc, pos, dims, links)
     if FACTORED_NORM:
         x, scaled, sums = linear_then_scaled(attended, wo, ffn_norm, bias=wo_b, residual=x, counters=counters)
@@ -356,14 +342,20 @@ def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, 
     else:
         x = fused_linear(attended, wo, bias=wo_b, residual=x, counters=counters)
         h = fused_linear(x, w13, norm=ffn_norm, swiglu=True, eps=eps, counters=counters)
+    if next_norm is not None:
+        return linear_then_scaled(h, w2, next_norm, residual=x, counters=counters)
     return fused_linear(h, w2, residual=x, counters=counters)
 
 
-def logits(model, x: Tensor, counters: Tensor | None = None) -> Tensor:
+def logits(model, x: Tensor, counters: Tensor | None = None, given: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Final RMSNorm + LM head on x [T, D] -> float32 logits [T, V], rounded to bf16 first as
-    `Transformer.logits` rounds; a row-invariant launch, unlike cuBLAS, whose kernel choice depends on T."""
-    out = fused_linear(x, model.output.weight, norm=model.norm.weight, eps=model.config.rms_norm_eps,
-                       counters=counters).float()
+    `Transformer.logits` rounds; a row-invariant launch, unlike cuBLAS, whose kernel choice depends on T. given:
+    the last layer's (x times the final norm's g, block sums) (`FACTORED_QKV_NORM`), streamed instead of x."""
+    eps = model.config.rms_norm_eps
+    if given is None:
+        out = fused_linear(x, model.output.weight, norm=model.norm.weight, eps=eps, counters=counters).float()
+    else:
+        out = fused_linear(given[0], model.output.weight, eps=eps, counters=counters, row_sums=given[1]).float()
     if model.config.head_vocab_size:
         full = out.new_full((out.shape[0], model.config.vocab_size), float("-inf"))
         out = full.index_copy_(-1, model.head_token_ids, out)

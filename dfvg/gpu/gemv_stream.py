@@ -1,5 +1,6 @@
-"""The weight stream under every fused GEMV launch (`dfvg.gpu.fused`): the K loop, RMSNorm's prologue and
-the fixed-order split-K reduction, for one tile of rows per program (16 rows, or one tall tile:
+"""The weight stream under every fused GEMV launch (`dfvg.gpu.fused`): the K loop, RMSNorm's prologue (or, with a
+factored norm, its two halves: the producer's scaled block and block sums, the consumer's 1/RMS from them) and the
+fixed-order split-K reduction, for one tile of rows per program (16 rows, or one tall tile:
 `fused.TALL_TILES_ABOVE`); and the scratch buffers those reductions count in.
 
 Why here and not in `fused`: both launches (QKV + RoPE, and the plain/SwiGLU/residual linear) run this same
@@ -27,7 +28,7 @@ if HAVE_TRITON:
     from dfvg.gpu.decode_attention import _dot
 
     # Columns of x per step of `_inv_rms`'s sum of squares: gate/up's own norm and the O launch's normalization for
-    # it (`_normalize_rows`) must step alike for a row's 1/RMS to have the same bits in both.
+    # it (`_normalize_rows`, with `fused.FACTORED_NORM` off) must step alike for a row's 1/RMS to have the same bits.
     RMS_STEP = tl.constexpr(512)
     # `fused.FACTORED_NORM`: up to this many producer blocks a row (the 1.5B target's O launch has 24), gate/up loads
     # their sums before its weight stream (`_block_sums`); more would hold a register each through it.

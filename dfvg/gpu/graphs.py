@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from functools import partial
 
 import torch
 from torch import Tensor
@@ -22,6 +21,7 @@ from torch import Tensor
 from dfvg.drafter import DraftBlock
 from dfvg.gpu import fused
 from dfvg.gpu.block import block_forward, layer_weights, raise_recompile_limit
+from dfvg.gpu.fused_stack import last_rows, stack_forward, stack_logits
 from dfvg.gpu.kernels import MAX_ROWS, greedy_accept
 from dfvg.gpu.tree_rows import TreeRows
 from dfvg.model import Transformer
@@ -156,24 +156,12 @@ class GraphModel:
         """Fused layers over chunks of `fused.MAX_ROWS` rows, chunk after chunk within each layer: a tree's rows
         come parents first, so a chunk's ancestors wrote their K/V in this layer before it attends."""
         counters = fused.new_counters(ids.device)  # one zeroed split-K/row-tile scratch for every launch of the pass
-        x = self._fused_layers(self.model.embed(ids)[0], pos, counters, tree)
+        x, scaled = stack_forward(self.model, self.weights, self.dims, self.model.embed(ids)[0], pos, counters, tree)
         if tree is None:
             self._write_features(x, pos)
         if last_only:
-            x = x[-1:].contiguous()
-        return self._fused_logits(x, counters)
-
-    def _fused_layers(self, x: Tensor, pos: Tensor, counters: Tensor, tree: TreeRows | None = None) -> Tensor:
-        """The decoder layers on input rows x [T, D] -> the last layer's rows [T, D] (before the final norm)."""
-        chunks = row_chunks(x.shape[0])
-        for layer, w in zip(self.model.layers, self.weights, strict=True):
-            cache = layer.attention.kv_cache
-            x = by_chunks(chunks, partial(self._fused_layer, x, pos, cache.k[0], cache.v[0], w, counters, tree))
-        return x
-
-    def _fused_logits(self, x: Tensor, counters: Tensor) -> Tensor:
-        """The head as a row-invariant launch too (fused module docstring), by row chunks."""
-        return by_chunks(row_chunks(x.shape[0]), lambda a, b: fused.logits(self.model, x[a:b], counters))
+            x, scaled = last_rows(x, scaled)
+        return stack_logits(self.model, x, counters, scaled)
 
     def forward_inputs(self, x: Tensor, pos: Tensor, tree: TreeRows | None = None,
                        last_only: bool = True) -> tuple[Tensor, Tensor]:
@@ -183,19 +171,13 @@ class GraphModel:
         sync, no feature writes (a tree's rows are not at their sequence positions yet)."""
         if self.fused and (x.shape[0] <= fused.MAX_ROWS or tree is not None):
             counters = fused.new_counters(x.device)
-            hidden = self._fused_layers(x, pos, counters, tree)
-            hidden = hidden[-1:].contiguous() if last_only else hidden
-            return self._fused_logits(hidden, counters), hidden
+            hidden, scaled = stack_forward(self.model, self.weights, self.dims, x, pos, counters, tree)
+            if last_only:
+                hidden, scaled = last_rows(hidden, scaled)
+            return stack_logits(self.model, hidden, counters, scaled), hidden
         hidden = self._block_layers(x[None], pos[None], tree)[0]
         hidden = hidden[-1:] if last_only else hidden
         return self.model.logits(hidden), hidden
-
-    def _fused_layer(self, x: Tensor, pos: Tensor, k: Tensor, v: Tensor, w: tuple, counters: Tensor,
-                     tree: TreeRows | None, a: int, b: int) -> Tensor:
-        """Rows a..b-1 of one fused layer."""
-        rows = tree.rows(a, b) if tree is not None else None
-        m = self.model
-        return fused.layer_forward(x[a:b], pos[a:b], m.rope_cos, m.rope_sin, k, v, w, self.dims, counters, rows)
 
     def capture(self, key, body: Callable[[], Tensor], warmup: int = 2,
                 before: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph | EagerReplay, Tensor]:
@@ -209,17 +191,6 @@ class GraphModel:
         graph, out = capture_graph(body, self.device, warmup, before)
         self.graphs[self.graph_key(key)] = (graph, out)
         return graph, out
-
-
-def row_chunks(rows: int) -> list[tuple[int, int]]:
-    """[a, b) row ranges of at most `fused.MAX_ROWS` rows (one fused launch each)."""
-    return [(a, min(a + fused.MAX_ROWS, rows)) for a in range(0, rows, fused.MAX_ROWS)]
-
-
-def by_chunks(chunks: list[tuple[int, int]], run: Callable[[int, int], Tensor]) -> Tensor:
-    """run(a, b) for each row chunk, concatenated (one chunk: its output as it is, with no copy)."""
-    outs = [run(a, b) for a, b in chunks]
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def capture_graph(body: Callable[[], Tensor], device: torch.device, warmup: int = 2,

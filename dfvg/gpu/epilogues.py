@@ -1,8 +1,11 @@
-"""The QKV launch's epilogue (`dfvg.gpu.fused._qkv_rope_kernel`): bias and RoPE on one row tile's q/k/v columns, then
-q to its buffer and k and v into the cache at each row's slot.
+"""The fused GEMV launches' epilogues (`dfvg.gpu.fused`): what each launch does with a row tile's sums once its
+weight stream (`dfvg.gpu.gemv_stream`) and split-K reduction are done.
 
-Why its own file: the rotation's inputs (positions -> cos/sin rows, slots) and its stores are the one part of the
-QKV launch that the plain GEMV launch does not share; the weight stream under both is `dfvg.gpu.gemv_stream`.
+- the linear launch: bias, SwiGLU and the residual, then the store (`_linear_inputs`, `_linear_out`);
+- the QKV launch: bias and RoPE on one row tile's q/k/v columns, then q to its buffer and k and v into the cache at
+  each row's slot (`_rope_inputs`, `_rope_out`).
+
+Why their own file: the weight stream is shared; these are where the launches differ.
 """
 
 from __future__ import annotations
@@ -12,6 +15,42 @@ from dfvg.gpu.kernels import HAVE_TRITON
 if HAVE_TRITON:
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def _linear_inputs(t0, n0, b_ptr, res_ptr, rows, N, need, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                       BT: tl.constexpr, BN: tl.constexpr):
+        """The epilogue's inputs of one row tile: bias [1, BN] and residual [BT, BN] (zeros where absent or where
+        `need` is false: a split that does not finish the sum needs none)."""
+        t = t0 + tl.arange(0, BT)
+        n = n0 + tl.arange(0, BN)
+        bias = tl.zeros((1, BN), tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + n, mask=(n < N) & need, other=0.0).to(tl.float32)[None, :]
+        res = tl.zeros((BT, BN), tl.bfloat16)
+        if HAS_RES:  # in its own dtype (bf16 in a layer: half the registers), widened where it is added
+            res = tl.load(res_ptr + t[:, None] * N + n[None, :], mask=(t[:, None] < rows) & (n[None, :] < N) & need,
+                          other=0.0)
+        return bias, res
+
+    @triton.jit
+    def _linear_out(acc, acc_up, bias, res, t0, n0, out_ptr, rows, N, last, SWIGLU: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
+        """Bias, SwiGLU and residual (`_linear_inputs`) on one row tile's sums, then the store of rows t0..t0+BT."""
+        t = t0 + tl.arange(0, BT)
+        n = n0 + tl.arange(0, BN)
+        if HAS_BIAS:
+            acc += bias
+        if SWIGLU:  # the reference rounds gate and up to bf16, then computes silu(gate) * up in bf16
+            gate = acc.to(tl.bfloat16).to(tl.float32)
+            acc = (gate / (1.0 + tl.exp(-gate))).to(tl.bfloat16).to(tl.float32) * acc_up.to(tl.bfloat16).to(
+                tl.float32)
+        where = t[:, None] * N + n[None, :]
+        valid = (t[:, None] < rows) & (n[None, :] < N) & last
+        if HAS_RES:
+            acc = acc.to(tl.bfloat16).to(tl.float32) + res.to(tl.float32)
+        stored = acc.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + where, stored, mask=valid)
+        return stored
 
     @triton.jit
     def _rope_inputs(t0, head, lo, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, rows, need, HEADS: tl.constexpr,
