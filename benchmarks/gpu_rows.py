@@ -326,28 +326,26 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def whole_numbers(text: str, low: int, high: int, what: str, example: str) -> tuple[int, ...]:
+    """'1,5,16' -> (1, 5, 16), each within low..high; else argparse's error (one line) naming `what`."""
+    try:
+        numbers = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        numbers = ()
+    if not numbers or not all(low <= t <= high for t in numbers):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what} {low}..{high}, "
+                                         f"e.g. {example}")
+    return numbers
+
+
 def row_counts(text: str) -> tuple[int, ...]:
     """--sweep-rows: comma-separated row counts of 1..fused.MAX_ROWS (argparse turns the error into one line)."""
-    try:
-        rows = tuple(int(t) for t in text.split(","))
-    except ValueError:
-        rows = ()
-    if not rows or not all(1 <= t <= fused.MAX_ROWS for t in rows):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of row counts 1..{fused.MAX_ROWS}, "
-                                         "e.g. 1,5,16,64")
-    return rows
+    return whole_numbers(text, 1, fused.MAX_ROWS, "row counts", "1,5,16,64")
 
 
 def contexts_of(text: str) -> tuple[int, ...]:
     """--mode-contexts: comma-separated contexts the modes take, each leaving room for 64 rows in the cache."""
-    try:
-        contexts = tuple(int(c) for c in text.split(","))
-    except ValueError:
-        contexts = ()
-    if not contexts or not all(fused.MAX_ROWS <= c <= max(CONTEXTS) for c in contexts):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of contexts {fused.MAX_ROWS}.."
-                                         f"{max(CONTEXTS)}, e.g. 512,1024")
-    return contexts
+    return whole_numbers(text, fused.MAX_ROWS, max(CONTEXTS), "contexts", "512,1024")
 
 
 def block_size_tables(args, cfg, only: tuple[str, ...], result: dict, out: Path) -> dict[str, list]:

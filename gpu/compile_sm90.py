@@ -18,8 +18,7 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
     python gpu/compile_sm90.py --epilogue-first --unstacked 16  # fused.EPILOGUE_FIRST on / fused.STACKED_PAIR off
     python gpu/compile_sm90.py --unfactored-norm --over-16-rows 16  # a launch over 16 rows: O normalizes for gate/up
     python gpu/compile_sm90.py --rms-loads-in-turn 16  # fused.RMS_LOADS_FIRST off
-    python gpu/compile_sm90.py --unfactored-norm 16    # fused.FACTORED_NORM off: gate/up normalizes its own x (or,
-                                                       # with --over-16-rows, O normalizes it)
+    python gpu/compile_sm90.py --unfactored-norm 16    # fused.FACTORED_NORM off: gate/up normalizes its own x
     python gpu/compile_sm90.py --factored-qkv-norm 16  # fused.FACTORED_QKV_NORM on: down stores out * g and sums,
                                                        # QKV and the LM head scale by 1/RMS of them
 """

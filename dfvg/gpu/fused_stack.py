@@ -22,6 +22,11 @@ from dfvg.gpu.tree_rows import TreeRows
 Scaled = tuple[Tensor, Tensor] | None
 
 
+def scaled_rows(scaled: Scaled, a: int, b: int) -> Scaled:
+    """Rows a..b-1 of what a layer hands the next norm's launch (None stays None)."""
+    return None if scaled is None else (scaled[0][a:b], scaled[1][a:b])
+
+
 def row_chunks(rows: int) -> list[tuple[int, int]]:
     """[a, b) row ranges of at most `fused.MAX_ROWS` rows (one fused launch each)."""
     return [(a, min(a + fused.MAX_ROWS, rows)) for a in range(0, rows, fused.MAX_ROWS)]
@@ -52,9 +57,9 @@ def stack_forward(model, weights: list[tuple], dims: tuple, x: Tensor, pos: Tens
         cache = layer.attention.kv_cache
 
         def one(a: int, b: int, x=x, scaled=scaled, k=cache.k[0], v=cache.v[0], w=w, next_norm=next_norm):
-            given = None if scaled is None else (scaled[0][a:b], scaled[1][a:b])
             return fused.layer_forward(x[a:b], pos[a:b], model.rope_cos, model.rope_sin, k, v, w, dims, counters,
-                                       tree.rows(a, b) if tree is not None else None, given, next_norm)
+                                       tree.rows(a, b) if tree is not None else None, scaled_rows(scaled, a, b),
+                                       next_norm)
 
         out = by_chunks(chunks, one)
         x, scaled = (out, None) if next_norm is None else (out[0], (out[1], out[2]))
@@ -70,6 +75,6 @@ def stack_logits(model, x: Tensor, counters: Tensor, scaled: Scaled = None) -> T
     """The head as a row-invariant launch too (`fused.logits`), by row chunks; from `scaled` where the last layer
     handed it the final norm's input."""
     def head(a: int, b: int) -> Tensor:
-        return fused.logits(model, x[a:b], counters, None if scaled is None else (scaled[0][a:b], scaled[1][a:b]))
+        return fused.logits(model, x[a:b], counters, scaled_rows(scaled, a, b))
 
     return by_chunks(row_chunks(x.shape[0]), head)

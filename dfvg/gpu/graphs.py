@@ -155,13 +155,19 @@ class GraphModel:
     def _fused_forward(self, ids: Tensor, pos: Tensor, last_only: bool, tree: TreeRows | None) -> Tensor:
         """Fused layers over chunks of `fused.MAX_ROWS` rows, chunk after chunk within each layer: a tree's rows
         come parents first, so a chunk's ancestors wrote their K/V in this layer before it attends."""
-        counters = fused.new_counters(ids.device)  # one zeroed split-K/row-tile scratch for every launch of the pass
-        x, scaled = stack_forward(self.model, self.weights, self.dims, self.model.embed(ids)[0], pos, counters, tree)
-        if tree is None:
-            self._write_features(x, pos)
+        return self._fused_pass(self.model.embed(ids)[0], pos, tree, last_only, write_features=tree is None)[0]
+
+    def _fused_pass(self, x: Tensor, pos: Tensor, tree: TreeRows | None, last_only: bool,
+                    write_features: bool) -> tuple[Tensor, Tensor]:
+        """The fused layers and head on input rows x [T, D] -> (logits, the last layer's rows), the last row's alone
+        with last_only; with write_features, every row's features first (`_write_features`)."""
+        counters = fused.new_counters(x.device)  # one zeroed split-K/row-tile scratch for every launch of the pass
+        hidden, scaled = stack_forward(self.model, self.weights, self.dims, x, pos, counters, tree)
+        if write_features:
+            self._write_features(hidden, pos)
         if last_only:
-            x, scaled = last_rows(x, scaled)
-        return stack_logits(self.model, x, counters, scaled)
+            hidden, scaled = last_rows(hidden, scaled)
+        return stack_logits(self.model, hidden, counters, scaled), hidden
 
     def forward_inputs(self, x: Tensor, pos: Tensor, tree: TreeRows | None = None,
                        last_only: bool = True) -> tuple[Tensor, Tensor]:
@@ -170,11 +176,7 @@ class GraphModel:
         last_only. Same layers as `forward` (fused where they apply, token-tree rows too); graph-safe, no host
         sync, no feature writes (a tree's rows are not at their sequence positions yet)."""
         if self.fused and (x.shape[0] <= fused.MAX_ROWS or tree is not None):
-            counters = fused.new_counters(x.device)
-            hidden, scaled = stack_forward(self.model, self.weights, self.dims, x, pos, counters, tree)
-            if last_only:
-                hidden, scaled = last_rows(hidden, scaled)
-            return stack_logits(self.model, hidden, counters, scaled), hidden
+            return self._fused_pass(x, pos, tree, last_only, write_features=False)
         hidden = self._block_layers(x[None], pos[None], tree)[0]
         hidden = hidden[-1:] if last_only else hidden
         return self.model.logits(hidden), hidden
