@@ -19,8 +19,8 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
     python gpu/compile_sm90.py --unfactored-norm --over-16-rows 16  # a launch over 16 rows: O normalizes for gate/up
     python gpu/compile_sm90.py --rms-loads-in-turn 16  # fused.RMS_LOADS_FIRST off
     python gpu/compile_sm90.py --unfactored-norm 16    # fused.FACTORED_NORM off: gate/up normalizes its own x
-    python gpu/compile_sm90.py --factored-qkv-norm 16  # fused.FACTORED_QKV_NORM on: down stores out * g and sums,
-                                                       # QKV and the LM head scale by 1/RMS of them
+    python gpu/compile_sm90.py --unfactored-qkv-norm 16  # fused.FACTORED_QKV_NORM off: QKV and the LM head
+                                                         # normalize their own x (on: down stores out * g and sums)
 """
 
 from __future__ import annotations
@@ -215,11 +215,11 @@ def main(argv: list[str]) -> None:
     fused.STACKED_PAIR = fused.STACKED_PAIR and "--unstacked" not in argv
     fused.RMS_LOADS_FIRST = fused.RMS_LOADS_FIRST and "--rms-loads-in-turn" not in argv
     fused.FACTORED_NORM = fused.FACTORED_NORM and "--unfactored-norm" not in argv
-    fused.FACTORED_QKV_NORM = fused.FACTORED_QKV_NORM or "--factored-qkv-norm" in argv
+    fused.FACTORED_QKV_NORM = fused.FACTORED_QKV_NORM and "--unfactored-qkv-norm" not in argv
     global OVER_ONE_TILE
     OVER_ONE_TILE = "--over-16-rows" in argv
     switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--over-16-rows", "--rms-loads-in-turn",
-                "--unfactored-norm", "--factored-qkv-norm")
+                "--unfactored-norm", "--unfactored-qkv-norm")
     argv = [a for a in argv if a not in switches]
     shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
     gpu = _option(argv, "--gpu", "H100")

@@ -191,11 +191,12 @@ def test_norm_cost_refuses_a_tuned_file_that_is_not_a_sweeps_in_one_line(text, s
 
 @pytest.fixture
 def unfactored(monkeypatch):
-    """`fused.FACTORED_NORM` off: gate/up normalizes its own x (or the O launch normalizes it over 16 rows), the
-    paths the PTX and layout tests below read."""
+    """`fused.FACTORED_NORM` and `fused.FACTORED_QKV_NORM` off: gate/up normalizes its own x (or the O launch
+    normalizes it over 16 rows) and so does QKV, the paths the PTX and layout tests below read."""
     from dfvg.gpu import fused
 
     monkeypatch.setattr(fused, "FACTORED_NORM", False)
+    monkeypatch.setattr(fused, "FACTORED_QKV_NORM", False)
 
 
 def test_rms_loads_first_issues_every_x_load_before_the_first_barrier(unfactored):
