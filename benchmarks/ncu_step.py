@@ -4,9 +4,10 @@
     python benchmarks/ncu_step.py --rows 1,16 --kernels 0 --out $OUT  # every kernel of the T = 1 and 16 steps
     python benchmarks/ncu_step.py --launch w13 --config '{"BK": 128}' --out $OUT   # one GEMV launch, with source
 
-Why: issue 16's plain decode runs at 41-45 % of the weight-stream floor, and CUDA-event timings (gpu_rows.py)
-say how long each launch takes, not why: whether a GEMV is short of bytes in flight, of occupancy, or is one
-wave and a small tail (`launch__waves_per_multiprocessor`). Nsight Compute reads that from the hardware.
+Why: issue 16's plain decode runs at about half of the weight-stream floor (49.8 % on the H200, 2026-12-06), and
+CUDA-event timings (gpu_rows.py) say how long each launch takes, not why: whether a GEMV is short of bytes in
+flight, of occupancy, or is one wave and a small tail (`launch__waves_per_multiprocessor`). Nsight Compute reads
+that from the hardware.
 
 The product's own code path, as gpu_rows.py times it: random bf16 weights of the Qwen2.5-Coder-1.5B target's
 shapes, `GraphModel.forward` with the fused Triton layers captured in one CUDA graph per row count, at a

@@ -44,8 +44,11 @@ def test_report_ratios_and_goals(tmp_path):
     # a run on an H100 (gpu_speed.py writes the GPU's name under "env") is held to the H100's copy rate
     (tmp_path / "dfvg.json").write_text(json.dumps({"dfvg_plain": plain, "env": {"gpu": "NVIDIA H100 80GB HBM3"},
                                                     "weight_bytes": {"target": 3_000_000_000, "draft": 1}}))
-    h100 = report(tmp_path)["goals"]
+    on_h100 = report(tmp_path)
+    h100 = on_h100["goals"]
     assert h100["copy_rate_TB_s"] == 3.0 and h100["fraction_of_floor"] == pytest.approx(3e9 / 3.0e12 * 1e3)
+    # the report's own floor (issue 16's fraction_of_floor field) is the goals' floor: one floor in a report
+    assert on_h100["fraction_of_floor"] == h100["fraction_of_floor"] and on_h100["floor"]["copy_rate_TB_s"] == 3.0
 
 
 def test_a_peer_quoted_on_held_out_prompts_is_compared_on_those_prompts(tmp_path):

@@ -83,7 +83,7 @@ FACTORED_NORM = True
 # (the next layer's attention norm; after the last layer, the final norm) and its block sums, and the next QKV launch
 # or the LM head scales by 1/RMS of them (`dfvg.gpu.fused_stack` carries them); layer 0's QKV keeps its own norm (its
 # input is the embedding). Other bits, the same for every T (GPU tests). Against off (H200, RESULTS.md 2026-12-06 20:51
-# UTC): ctx 512 T = 1 0.958x, T = 17 0.943x, T = 64 0.912x; 2k 0.933-0.960x; 32k 0.976-0.983x.
+# UTC): ctx 512 T = 1 0.958x, T = 17 0.943x, T = 64 0.912x; T = 1..64 at 2k 0.929-0.965x, at 32k 0.976-0.985x.
 FACTORED_QKV_NORM = True
 
 if HAVE_TRITON:
