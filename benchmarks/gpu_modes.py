@@ -18,7 +18,8 @@ MODE_ROWS = (1, 5, 16, 17, 33, 48, 64)
 ITEMS = (2, 4, 8)  # attention work items per SM timed beside the shipped count (`decode_attention.ITEMS_PER_SM`)
 # the merge launch's (splits a step at a short context, else, columns a program) timed beside the shipped pieces
 # (`decode_attention.COMBINE_*`)
-MERGES = ((64, 64, 32), (16, 16, 32), (16, 64, 128))
+# (8 and 16 columns: 2-4x the merge programs, for a long context, where 48 programs at T = 1 each merge 512 splits)
+MERGES = ((64, 64, 32), (16, 16, 32), (16, 64, 128), (16, 64, 16), (16, 64, 8))
 TALL_TILES = (32, 64)  # row-tile heights timed beside the shipped one (`fused.TILE_ROWS`)
 MODE_CONTEXTS = (512, 32704)  # (gpu_rows.py --mode-contexts replaces them)
 # weight columns per row a GEMV program prefetches to L2 in the streaming-ahead modes: a third of a 1536-wide row,
