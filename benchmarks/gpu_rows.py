@@ -330,7 +330,8 @@ def plot(rows: list[dict], path: Path, gpu: str) -> None:
 def plot_first_mode(result: dict, path: Path) -> None:
     """A --modes-only run's plot: the first mode's (the shipped step's, as listed first) ms against context, where
     it was timed at more than one."""
-    first = [r for r in result["launch_modes"] if r["mode"] == result["launch_modes"][0]["mode"]]
+    modes = result["launch_modes"]
+    first = [r for r in modes if r["mode"] == modes[0]["mode"]] if modes else []
     if len({r["context"] for r in first}) > 1:
         plot(first, path, result["gpu"])
 

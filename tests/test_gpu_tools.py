@@ -81,8 +81,8 @@ def test_sweep_rows_are_row_counts_a_launch_takes():
 
 
 def test_a_modes_only_run_plots_the_first_mode_against_context(tmp_path):
-    """gpu_rows.py --modes-only over several contexts writes gpu_rows.png from the first (shipped) mode's rows, with
-    the GPU that ran on its axis; over one context there is no curve to draw and no file."""
+    """gpu_rows.py --modes-only over several contexts writes gpu_rows.png from the first (shipped) mode's rows; over
+    one context there is no curve to draw, and no file."""
     from benchmarks.gpu_rows import plot_first_mode
 
     rows = [{"mode": mode, "context": context, "T": t, "ms": 1.0 + context / 1e4 + t / 100}
@@ -90,7 +90,9 @@ def test_a_modes_only_run_plots_the_first_mode_against_context(tmp_path):
     plot_first_mode({"gpu": "NVIDIA H100 80GB HBM3", "launch_modes": rows}, tmp_path / "two.png")
     plot_first_mode({"gpu": "NVIDIA H200", "launch_modes": [r for r in rows if r["context"] == 512]},
                     tmp_path / "one.png")
-    assert (tmp_path / "two.png").stat().st_size > 0 and not (tmp_path / "one.png").exists()
+    plot_first_mode({"gpu": "NVIDIA H200", "launch_modes": []}, tmp_path / "none.png")
+    assert (tmp_path / "two.png").stat().st_size > 0
+    assert not (tmp_path / "one.png").exists() and not (tmp_path / "none.png").exists()
 
 
 def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
