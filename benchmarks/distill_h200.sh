@@ -35,11 +35,15 @@ INIT_FROM=${INIT_FROM-}                         # train: start from this standal
 LR=${LR:-1e-3}                                  # train: peak learning rate (warmup, then cosine to 10 %)
 FEATURE_UNROLL=${FEATURE_UNROLL:-2}             # train, feature heads: passes of the loss (--feature-unroll)
 SUFFIX=${SUFFIX-}                               # appended to the run names (e.g. -more: a control run)
+BLOCK=${BLOCK:-0}                               # train: > 0 = block drafters of that size (--block-size), named ...-b<N>
 COMMON=(--target "$TARGET" --device "$DEVICE" --prompts "$PROMPTS" --teacher-cache "$RESULTS/teacher"
         --val-fraction 0.1 --test-fraction 0.25 --max-prompt-tokens 256 --max-new-tokens 128 --teacher-top-k 32
         --teacher-batch "$TEACHER_BATCH" --teacher-dtype bfloat16 --seed 0 --eval-k 2,4,6,8)
 
-name_of() { IFS=: read -r l d v <<<"$1"; echo "l${l}-d${d}-v${v}$([ "$FEATURE_HEAD" = 1 ] && echo -fh)$SUFFIX"; }
+name_of() {
+    IFS=: read -r l d v <<<"$1"
+    echo "l${l}-d${d}-v${v}$([ "$FEATURE_HEAD" = 1 ] && echo -fh)$([ "$BLOCK" -gt 0 ] && echo "-b$BLOCK")$SUFFIX"
+}
 
 stage_prompts() {  # CPU side: the built-in sets as files (same prompt keys, hence the same split)
     python scripts/prepare_dataset.py --input humaneval --output "$PROMPT_DIR/humaneval.jsonl"
@@ -70,13 +74,14 @@ stage_teacher() {  # a 1-step throwaway run fills the teacher cache (train, vali
 stage_train() {  # resumable: run it again in the next lease until the log's last line has acceptance_test
     for shape in $SHAPES; do
         IFS=: read -r l d v <<<"$shape"
-        local ckpt="$RESULTS/ckpt-$(name_of "$shape")" resume=() head=() init=()
+        local ckpt="$RESULTS/ckpt-$(name_of "$shape")" resume=() head=() init=() block=()
         [ -f "$ckpt/checkpoint.json" ] && resume=(--resume "$ckpt")
         [ "$FEATURE_HEAD" = 1 ] && head=(--feature-head --feature-unroll "$FEATURE_UNROLL")
         [ -n "$INIT_FROM" ] && init=(--init-from "$INIT_FROM")
+        [ "$BLOCK" -gt 0 ] && block=(--block-size "$BLOCK" --eval-k "$(seq -s, 2 "$BLOCK")")
         python scripts/distill_draft.py "${COMMON[@]}" --output "$RESULTS/$(name_of "$shape")" --layers "$l" \
             --hidden "$d" --vocab-top "$v" --steps "$STEPS" --batch-size "$BATCH_SIZE" --lr "$LR" --init target-pca \
-            --checkpoint-dir "$ckpt" --checkpoint-every 200 --time-budget "${TIME_BUDGET:-420}" "${resume[@]}" "${head[@]}" "${init[@]}" \
+            --checkpoint-dir "$ckpt" --checkpoint-every 200 --time-budget "${TIME_BUDGET:-420}" "${resume[@]}" "${head[@]}" "${init[@]}" "${block[@]}" \
             | tee -a "$RESULTS/$(name_of "$shape").log"
     done
 }

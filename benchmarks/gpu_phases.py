@@ -19,7 +19,7 @@ from dfvg.engine import Engine
 from dfvg.errors import UserError
 from dfvg.generate import generate
 from dfvg.gpu import fast
-from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter, draft_graph
+from dfvg.gpu.graph_drafter import GraphBlockDrafter, GraphDrafter, GraphFeatureDrafter, draft_graph
 from dfvg.gpu.graphs import GraphVerifier, token_graph
 from dfvg.gpu.tree_device import tree_room
 from dfvg.verifier import TorchVerifier
@@ -49,8 +49,9 @@ def graph_pair(args, models, kernels: str = "fused", draft: str = "draft") -> tu
         opts = {"compile_blocks": kernels == "compiled", "fused_layers": kernels == "fused", "cache_len": n}
         if ("verifier", kernels) not in models:  # one target per kernel choice, shared by every draft
             models[("verifier", kernels)] = GraphVerifier(models["target"], **opts)
-        drafter = None if models.get(draft) is None else GraphDrafter(
-            models[draft], models["target"].config.vocab_size, **opts)
+        model = models.get(draft)
+        kind = GraphBlockDrafter if model is not None and model.config.block_size else GraphDrafter  # as make_drafter
+        drafter = None if model is None else kind(model, models["target"].config.vocab_size, **opts)
         models[key] = (models[("verifier", kernels)], drafter)
     return models[key]
 
@@ -153,6 +154,8 @@ def phase_dfvg(args, models) -> dict:
         runs.update(tree_runs(args, prompts, verifier, small, "dfvg_distilled_tree"))
         if dev.startswith("cuda"):
             runs["step_times_distilled"] = step_times(verifier, small, ks(args))
+    for draft in [key for key in models if isinstance(key, str) and key.startswith("extra:")]:
+        runs.update(extra_draft_rows(args, models, draft, verifier))
     if "feature_head" in models:
         head_verifier, head = feature_pair(args, models, prompts[0]["ids"])
         for k in ks(args):
@@ -168,6 +171,22 @@ def phase_dfvg(args, models) -> dict:
     eager = TorchVerifier(models["target"])
     runs["dfvg_plain_eager"] = timed_runs("dfvg plain (eager, 3 prompts)", prompts[:3],
                                           lambda ids: _out(generate(eager, ids, n)), dev)
+    return runs
+
+
+def extra_draft_rows(args, models: dict, draft: str, verifier: GraphVerifier) -> dict:
+    """--extra-drafts: a standalone draft's rows at each --ks its blocks can hold (a block drafter's at most its
+    block size), through the product's path, and the CUDA-event time of its k = 4 draft replay."""
+    _, drafter = graph_pair(args, models, args.kernels, draft)
+    name, runs = draft.split(":", 1), {}
+    size = getattr(drafter, "block_size", None)
+    for k in (k for k in ks(args) if size is None or k <= size):
+        runs.update(chain_rows(args, f"dfvg_{name[1]}_k{k}", f"dfvg spec {name[1]} k={k}", models["prompts"],
+                               dfvg_runner(verifier, drafter, k, args.max_new_tokens)))
+    if args.device.startswith("cuda"):
+        graph = drafter._graph(4).graph if size else draft_graph(drafter.gm, 4, verifier.vocab_size).graph
+        runs[f"draft_block_k4_ms_{name[1]}"] = cuda_median_ms(graph.replay)
+        print(f"  {name[1]}: k = 4 draft replay {runs[f'draft_block_k4_ms_{name[1]}']:.3f} ms", flush=True)
     return runs
 
 

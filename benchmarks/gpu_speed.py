@@ -87,6 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="what DFVG's graphs replay: fused Triton layers, compiled blocks, or eager kernels")
     p.add_argument("--distilled-draft", default=str(SHIPPED_DRAFT),
                    help="FPGA-sized distilled draft: extra GPU-draft rows, and the FPGA phase's draft ('' = none)")
+    p.add_argument("--extra-drafts", default="",
+                   help="more standalone drafts, comma-separated folders (a deeper chain, a block drafter): "
+                        "dfvg_<folder name>_k* rows at each --ks a draft can make in one block")
     p.add_argument("--feature-head", default="",
                    help="a feature head's folder (distill_draft.py --feature-head): dfvg_feature_k* rows ('' = none)")
     p.add_argument("--tuned", default=None, help="tuned.json of benchmarks/gpu_rows.py --sweep: fused block sizes")
@@ -242,6 +245,10 @@ def load_models(args) -> dict:
         from dfvg.checkpoint import load_model
 
         models["distilled"] = load_model(args.distilled_draft, torch.bfloat16, args.device).eval()
+    for folder in filter(None, args.extra_drafts.split(",")):
+        from dfvg.checkpoint import load_model
+
+        models[f"extra:{Path(folder).name}"] = load_model(folder, torch.bfloat16, args.device).eval()
     if args.feature_head:
         from dfvg.feature_head import load_feature_head
 

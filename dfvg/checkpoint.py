@@ -113,6 +113,7 @@ def config_from_dict(raw: dict) -> ModelConfig:
         max_position_embeddings=raw.get("max_position_embeddings", 32768),
         head_vocab_size=_head_vocab(raw),
         embed_rows=_embed_rows(raw),
+        block_size=_block_size(raw),
     )
 
 
@@ -135,6 +136,14 @@ def _embed_rows(raw: dict) -> bool:
     if not isinstance(flag, bool) or (flag and raw.get("dfvg_head_vocab") is None):
         raise UserError(f"dfvg_embed_rows must be true or false and needs dfvg_head_vocab, got {flag!r}")
     return flag
+
+
+def _block_size(raw: dict) -> int | None:
+    """`dfvg_block_size`: a block drafter (dfvg.block_draft) that drafts up to that many tokens in one pass."""
+    size = raw.get("dfvg_block_size")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= 32):
+        raise UserError(f"dfvg_block_size must be an int in [2, 32] (tokens drafted in one pass), got {size!r}")
+    return size
 
 
 def load_config(path: str | Path) -> ModelConfig:
@@ -235,6 +244,9 @@ def _layer_state(tensors: dict[str, Tensor], cfg: ModelConfig, i: int) -> dict[s
     return state
 
 
+BLOCK_MASKS_TENSOR = "model.dfvg_block_masks"  # a block drafter's mask vectors [block_size - 1, hidden]
+
+
 def convert_state_dict(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
     """HF tensor names -> Transformer's state dict, checking every shape. Consumes `tensors`."""
     embed = _take(tensors, "model.embed_tokens.weight", (cfg.embed_vocab_size, cfg.hidden_size))
@@ -251,6 +263,8 @@ def convert_state_dict(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str
         state["head_token_ids"] = _head_token_ids(_take(tensors, "lm_head.token_ids", (cfg.head_vocab_size,)), cfg)
     if cfg.embed_rows:
         state["token_rows"] = _token_rows(_take(tensors, "model.embed_tokens.token_rows", (cfg.vocab_size,)), cfg)
+    if cfg.block_size:
+        state["block_masks"] = _take(tensors, BLOCK_MASKS_TENSOR, (cfg.block_size - 1, cfg.hidden_size))
     leftovers = sorted(name for name in tensors if "rotary_emb" not in name)
     if leftovers:
         raise UserError(f"checkpoint has tensors this architecture does not use: {', '.join(leftovers[:5])}")

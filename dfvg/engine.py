@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from dfvg.checkpoint import is_feature_head, load_model
+from dfvg.block_draft import BlockDrafter
+from dfvg.checkpoint import is_feature_head, load_config, load_model
 from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import Drafter, TorchDrafter
 from dfvg.errors import UserError
@@ -41,7 +42,7 @@ from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
 from dfvg.generate import GenerationResult, HostStep, check_lengths, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
-from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter
+from dfvg.gpu.graph_drafter import GraphBlockDrafter, GraphDrafter, GraphFeatureDrafter
 from dfvg.gpu.graphs import GraphVerifier
 from dfvg.gpu.tree_device import DeviceTreeStep, device_tree_prompt_len, fits_device_tree, tree_room, tree_shape
 from dfvg.host.adaptive import AdaptiveDraftLength
@@ -99,11 +100,18 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
         if uses_graphs(drafter.device, fast):
             return GraphFeatureDrafter(drafter.head, verifier, target_vocab_size, cache_len=DEFAULT_CACHE_LEN)
         return drafter
+    if device == "fpga" and load_config(draft_dir).block_size:
+        raise UserError(f"{draft_dir} is a block drafter (dfvg_block_size), which the FPGA datapath does not run "
+                        "yet; draft on cpu or cuda")
     if device == "fpga":
         return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=target_vocab_size, **fpga_options)
     torch_device = resolve_device(device)
     model = load_model(draft_dir, dtype=dtype, device=torch_device)
-    if uses_graphs(torch_device, fast):
+    graphs = uses_graphs(torch_device, fast)
+    if model.config.block_size:
+        return GraphBlockDrafter(model, target_vocab_size, cache_len=DEFAULT_CACHE_LEN) if graphs \
+            else BlockDrafter(model, target_vocab_size)
+    if graphs:
         return GraphDrafter(model, target_vocab_size, cache_len=DEFAULT_CACHE_LEN)
     return TorchDrafter(model, target_vocab_size)
 
@@ -253,7 +261,7 @@ class Engine:
         if make is None:
             return [None] * rows
         first = make()
-        if isinstance(first, GraphDrafter) and sampling.greedy:
+        if isinstance(first, GraphDrafter) and not isinstance(first, GraphBlockDrafter) and sampling.greedy:
             self._remember(first)
             return [first] * rows
         return [first] + [make() for _ in range(rows - 1)]

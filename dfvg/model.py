@@ -48,6 +48,13 @@ class ModelConfig:
     max_position_embeddings: int = 32768
     head_vocab_size: int | None = None  # LM head over a token subset (docs/distill.md); None = all vocab_size
     embed_rows: bool = False  # input embedding over the head's tokens too, via a token -> row table
+    block_size: int | None = None  # a block drafter (dfvg.block_draft): drafts this many tokens in one pass
+
+    @property
+    def mask_ids(self) -> list[int]:
+        """A block drafter's mask tokens, one per offset 1..block_size-1: ids past the vocabulary, which
+        `Transformer.embed` maps to the drafter's own learned mask vectors."""
+        return [self.vocab_size + j for j in range((self.block_size or 1) - 1)]
 
     @property
     def embed_vocab_size(self) -> int:
@@ -228,6 +235,8 @@ class Transformer(nn.Module):
             self.register_buffer("token_rows", torch.zeros(config.vocab_size, dtype=torch.long))
         if config.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        if config.block_size:  # one learned input vector per mask offset (dfvg.block_draft)
+            self.block_masks = nn.Parameter(torch.zeros(config.block_size - 1, config.hidden_size))
         self.max_seq_len = 0
         self.max_batch = 0
         self.register_buffer("kv_store", None, persistent=False)  # every layer's K/V (setup_cache; KVCache)
@@ -299,8 +308,16 @@ class Transformer(nn.Module):
         return x
 
     def embed(self, input_ids: Tensor) -> Tensor:
-        """Token ids [...] -> embeddings [..., D]; shared with the CUDA-graph forward like `logits`."""
-        return self.tok_embeddings(self.token_rows[input_ids] if self.config.embed_rows else input_ids)
+        """Token ids [...] -> embeddings [..., D]; shared with the CUDA-graph forward like `logits`. A block
+        drafter's mask ids (`ModelConfig.mask_ids`, past the vocabulary) take its mask vectors, without a
+        branch on the ids' values (graph-safe)."""
+        cfg = self.config
+        ids = input_ids.clamp(max=cfg.vocab_size - 1) if cfg.block_size else input_ids
+        x = self.tok_embeddings(self.token_rows[ids] if cfg.embed_rows else ids)
+        if not cfg.block_size:
+            return x
+        offset = (input_ids - cfg.vocab_size).clamp(0, cfg.block_size - 2)
+        return torch.where((input_ids >= cfg.vocab_size)[..., None], self.block_masks[offset].to(x.dtype), x)
 
     def head_logits(self, hidden: Tensor) -> Tensor:
         """Final norm + LM head: hidden [..., D] -> float32 logits over the head's own rows [..., Vh] (the full

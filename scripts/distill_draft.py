@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None) -> DistillOptions:
     p.add_argument("--feature-unroll", type=int, default=2,
                    help="feature head: loss passes (the first reads the target's features, the others the head's own)")
     p.add_argument("--feature-weight", type=float, default=1.0, help="feature head: weight of the feature regression")
+    p.add_argument("--block-size", type=int, default=0,
+                   help="> 0: train a block drafter that drafts up to this many tokens in one pass (mask tokens)")
     p.add_argument("--init", default="target-pca", help="target-pca or random")
     p.add_argument("--init-from", default="",
                    help="start from this standalone draft or feature head (same shape and training prompts): "
@@ -97,7 +99,8 @@ def parse_args(argv: list[str] | None) -> DistillOptions:
         teacher_cache=a.teacher_cache, checkpoint_dir=a.checkpoint_dir,
         checkpoint_every=a.checkpoint_every, stop_after=a.stop_after, time_budget=a.time_budget, resume=a.resume,
         init=a.init, init_from=a.init_from, eval_ks=ks, board=a.board, verify_ms=a.verify_ms,
-        feature_head=a.feature_head, feature_unroll=a.feature_unroll, feature_weight=a.feature_weight)
+        feature_head=a.feature_head, feature_unroll=a.feature_unroll, feature_weight=a.feature_weight,
+        block_size=a.block_size)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,7 +50,11 @@ def save_peaked_target(directory: Path) -> None:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("distill")
+    return peaked_setup(tmp_path_factory.mktemp("distill"))
+
+
+def peaked_setup(root: Path) -> Path:
+    """The peaked target and 200 random prompts in `root` (test_block_draft.py shares it)."""
     save_peaked_target(root / "target")
     rng = random.Random(0)
     prompts = [{"id": f"p{i}", "prompt": " ".join(f"w{rng.randrange(2, VOCAB)}" for _ in range(rng.randrange(3, 12)))}

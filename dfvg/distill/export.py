@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from dfvg.checkpoint import BLOCK_MASKS_TENSOR
 from dfvg.errors import UserError
 from dfvg.model import ModelConfig, Transformer
 
@@ -43,12 +44,13 @@ class DraftShape:
     intermediate: int = 0
     head_vocab: int | None = None
     embed_rows: bool = False  # input embedding over the head's rows, tied to the head
+    block_size: int | None = None  # a block drafter: mask vectors for offsets 1..block_size-1 (dfvg.block_draft)
 
     def resolved(self) -> DraftShape:
         heads = self.heads or max(1, self.hidden // 64)
         kv = self.kv_heads or max(1, heads // 4)
         shape = DraftShape(self.layers, self.hidden, heads, kv, self.intermediate or 3 * self.hidden, self.head_vocab,
-                           self.embed_rows)
+                           self.embed_rows, self.block_size)
         shape.check()
         return shape
 
@@ -60,6 +62,8 @@ class DraftShape:
                             f"heads into {self.kv_heads} KV groups; pick --hidden a multiple of 64")
         if self.embed_rows and not self.head_vocab:
             raise UserError("--embed head needs --vocab-top > 0 (the embedding takes the head's rows)")
+        if self.block_size is not None and not 2 <= self.block_size <= 32:
+            raise UserError(f"--block-size must be in [2, 32] (tokens drafted in one pass), got {self.block_size}")
 
 
 def draft_hf_config(target: ModelConfig, target_raw: dict, shape: DraftShape) -> dict:
@@ -82,6 +86,8 @@ def draft_hf_config(target: ModelConfig, target_raw: dict, shape: DraftShape) ->
     if shape.embed_rows:
         config["dfvg_embed_rows"] = True
         config["tie_word_embeddings"] = True
+    if shape.block_size:
+        config["dfvg_block_size"] = shape.block_size
     return config
 
 
@@ -96,6 +102,8 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
         out["lm_head.token_ids"] = model.head_token_ids
     if cfg.embed_rows:
         out["model.embed_tokens.token_rows"] = model.token_rows
+    if cfg.block_size:
+        out[BLOCK_MASKS_TENSOR] = model.block_masks
     for i, layer in enumerate(model.layers):
         p, att, ffn = f"model.layers.{i}.", layer.attention, layer.feed_forward
         out[p + "input_layernorm.weight"] = layer.attention_norm.weight

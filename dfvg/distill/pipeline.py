@@ -31,7 +31,7 @@ from dfvg.checkpoint import (
     safetensors_files,
 )
 from dfvg.devices import resolve_device
-from dfvg.distill import data, evaluate, export, feature, resume, sizing, teacher, train, vocab
+from dfvg.distill import block, data, evaluate, export, feature, resume, sizing, teacher, train, vocab
 from dfvg.errors import UserError
 from dfvg.feature_head import FeatureHead, save_head_parts
 from dfvg.sampling import SamplingParams
@@ -84,6 +84,7 @@ class DistillOptions:
     feature_head: bool = False  # an EAGLE-style head reading the target's features (dfvg.feature_head)
     feature_unroll: int = feature.UNROLL  # its loss: passes (the first reads the target's features) ...
     feature_weight: float = feature.FEATURE_WEIGHT  # ... and the weight of its feature regression
+    block_size: int = 0  # > 0: a block drafter emitting that many tokens a pass (dfvg.block_draft); 0 = a chain
 
     def check(self) -> None:
         if self.vocab_top < 0 or self.teacher_top_k < 1 or self.max_new_tokens < 2 or self.max_prompt_tokens < 1:
@@ -108,6 +109,9 @@ class DistillOptions:
                             f"{self.feature_weight}")
         self.checkpointing().check()
         self.shape()
+        if self.block_size and (self.feature_head or max(self.eval_ks) > self.block_size):
+            raise UserError(f"--block-size {self.block_size} trains a standalone draft that drafts at most that many "
+                            "tokens a pass: drop --feature-head, and keep every --eval-k <= --block-size")
 
     def checkpointing(self) -> resume.Checkpointing:
         directory = self.checkpoint_dir or self.resume
@@ -117,7 +121,7 @@ class DistillOptions:
     def shape(self) -> export.DraftShape:
         embed_rows = self.embed == "head" and bool(self.vocab_top)  # a full-vocabulary head has all rows anyway
         return export.DraftShape(self.layers, self.hidden, self.heads, self.kv_heads, self.intermediate,
-                                 self.vocab_top or None, embed_rows).resolved()
+                                 self.vocab_top or None, embed_rows, self.block_size or None).resolved()
 
 
 def teacher_sequences(opts: DistillOptions, prompts: list[data.Prompt], temperature: float, part: str,
@@ -246,6 +250,11 @@ def acceptance(model, seqs: list[teacher.TeacherSequence], opts: DistillOptions,
 
         def table(rows):
             return evaluate.steps_table({k: [s for i in rows for s in per_seq[i][k]] for k in ks})
+    elif model.config.block_size:
+        matches = block.block_matches(model, seqs)
+
+        def table(rows):
+            return block.block_table([matches[i] for i in rows], ks, opts.max_new_tokens)
     else:
         matches = evaluate.greedy_matches(model, seqs)
 
@@ -272,6 +281,18 @@ def as_feature_head(opts: DistillOptions, body, basis, rows, device) -> tuple[Fe
     else:
         feature.init_projections(head, basis, opts.seed, feature_in=not opts.init_from)
     return head, target, feature.feature_loss(target, rows, opts.feature_unroll, opts.feature_weight)
+
+
+def what_trains(opts: DistillOptions, body, basis, rows, device) -> tuple:
+    """(the model trained, on `device`; the target a feature head reads, or None; its batch loss, None = the chain
+    draft's; the loss's knobs, which a resumed run must share): a chain draft, a feature head or a block drafter."""
+    if opts.feature_head:
+        head, target, loss = as_feature_head(opts, body, basis, rows, device)
+        return head.to(device), target, loss, {"feature_unroll": opts.feature_unroll,
+                                               "feature_weight": opts.feature_weight}
+    if opts.block_size:
+        return body.to(device), None, block.block_loss(rows), {"block_size": opts.block_size}
+    return body.to(device), None, None, {}
 
 
 def feature_head_report(head: FeatureHead) -> dict:
@@ -306,14 +327,9 @@ def run(opts: DistillOptions, log=print) -> dict:
     body, hf_config, head_ids, counts, shape, basis = build(opts, train_seqs, target_raw)
     init_sha = train.init_from_draft(body, opts.init_from) if opts.init_from else None
     rows = vocab.head_rows(body.head_token_ids if body.config.head_vocab_size else None, body.config.vocab_size, device)
-    model, target, loss = body, None, None
-    if opts.feature_head:
-        model, target, loss = as_feature_head(opts, body, basis, rows, device)
-    model.to(device)
+    model, target, loss, settings = what_trains(opts, body, basis, rows, device)
     before = acceptance(model, val_seqs, opts, target)
     params = train.TrainParams(opts.steps, opts.batch_size, opts.lr, warmup=max(1, opts.steps // 20), seed=opts.seed)
-    settings = {"feature_unroll": opts.feature_unroll, "feature_weight": opts.feature_weight} if opts.feature_head \
-        else {}
     state = train.train(model, train_seqs, params, rows, device, log, ckpt=opts.checkpointing(), loss=loss,
                         loss_settings=settings)
     del loss  # a feature head's loss keeps the target's features (up to 16 GiB of the GPU): freed here

@@ -57,7 +57,9 @@ def size_draft(cfg: ModelConfig, bits: int, board: str = "u280", k: int = 4, con
     """Residency and modeled block time of `cfg` at `bits` (8 or 4) on `board`, drafting k at context_len.
 
     A feature head (`feature_size` = the target's hidden size) is sized with its projections, and its block
-    after a fully accepted one: k + 1 new positions, each with its feature over PCIe (the worst case)."""
+    after a fully accepted one: k + 1 new positions, each with its feature over PCIe (the worst case). A block
+    drafter (`cfg.block_size`) drafts in one pass after the same worst case: k + 1 new positions (its masks'
+    slots are rewritten) and k - 1 masks."""
     if bits not in (4, 8):
         raise UserError(f"FPGA weight bits must be 8 or 4, got {bits}")
     card = get_board(board)
@@ -67,7 +69,8 @@ def size_draft(cfg: ModelConfig, bits: int, board: str = "u280", k: int = 4, con
     placement = place(workload, card, design)
     kv = workload.kv_bytes_per_position() * design.max_context
     fits = placement.kv_on_chip and placement.resident_weight_bytes == streamed
-    estimate = model_block(workload, card, design, k, context_len, new_tokens=k + 1 if feature_size else 1)
+    catch_up = k + 1 if feature_size or cfg.block_size else 1  # a head's features, a block drafter's masks replaced
+    estimate = model_block(workload, card, design, k, context_len, new_tokens=catch_up, one_pass=bool(cfg.block_size))
     hides = None if verify is None else estimate.block_time.value <= verify.value
     src = "dfvg.fpga.board.workload.draft_workload from the draft's shape"
     return DraftSizing(

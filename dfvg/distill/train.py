@@ -100,19 +100,21 @@ def init_from_target(model: Transformer, embed: Tensor, head: Tensor) -> Tensor:
 @torch.no_grad()
 def init_from_draft(model: Transformer, directory: str) -> str:
     """Start `model` as the standalone draft in `directory` (--init-from: a feature head begins as the draft
-    it extends, or a draft trains on from an earlier run), or as the body of the feature head there (a head
-    trains on: its projections are `feature.load_projections`'s); returns the sha256 of that folder's
-    weight files (a head's projections included).
+    it extends, a draft trains on from an earlier run, a block drafter starts from a chain draft), or as the
+    body of the feature head there (a head trains on: its projections are `feature.load_projections`'s);
+    returns the sha256 of that folder's weight files (a head's projections included).
 
     The draft must have this run's shape (same --layers/--hidden/--vocab-top); anything else is refused in
     one line. The run's head vocabulary is that draft's (pipeline.build), so regenerated teacher data that
     counts tokens a little differently still continues it."""
     source = load_model(directory, feature_head_body=True)
     theirs, ours = source.state_dict(), model.state_dict()
+    if "block_masks" in ours and "block_masks" not in theirs:  # a block drafter from a chain draft: its masks
+        theirs["block_masks"] = ours["block_masks"]  # start from build_draft's seeded noise
     shapes = {n: tuple(t.shape) for n, t in ours.items()}
     if {n: tuple(t.shape) for n, t in theirs.items()} != shapes:
         raise UserError(f"--init-from {directory}: its shape differs from this run's draft; give the same "
-                        "--layers, --hidden and --vocab-top it was trained with")
+                        "--layers, --hidden, --vocab-top and --block-size it was trained with")
     model.load_state_dict(theirs)
     files = safetensors_files(checkpoint_dir(directory))
     if is_feature_head(directory):

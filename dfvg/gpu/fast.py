@@ -11,7 +11,8 @@ logits through acceptance). Here those crossings become graph replays whose only
 - `DeviceStep` is the engine's `Step` for one sequence: `DeviceRows` with B = 1 (fused Triton layers). With
   a feature head (`GraphFeatureDrafter`) the same replay drafts with the head (`feature_step_body`: its
   catch-up on the last k + 1 committed positions with the target's features, which the verify writes) and
-  keeps the committed tokens on the device for that catch-up.
+  keeps the committed tokens on the device for that catch-up; so does a block drafter (`dfvg.block_draft`:
+  `block_step_body`, one draft pass of the last k + 1 committed tokens and k - 1 mask tokens).
   Batches (`dfvg.host.batch.DeviceBatchStep`) use the same rows with B > 1 (compiled blocks).
 - `dfvg.gpu.graphs.verify_greedy` is the verify-and-accept half alone, for drafts made elsewhere (the FPGA
   datapath, an XRT board, a CPU draft): the drafts go into the same captured verify + acceptance, so every
@@ -39,7 +40,15 @@ from torch import Tensor
 from dfvg.drafter import DraftBlock
 from dfvg.fallback import GuardedDrafter, take_faults
 from dfvg.generate import GREEDY, HostStep, Outcome
-from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter, draft_body, feature_block
+from dfvg.gpu.graph_drafter import (
+    GraphBlockDrafter,
+    GraphDrafter,
+    GraphFeatureDrafter,
+    block_body,
+    draft_body,
+    feature_block,
+    mask_tokens,
+)
 from dfvg.gpu.graphs import VERIFY_ROWS, GraphModel, GraphVerifier
 from dfvg.gpu.kernels import greedy_accept
 
@@ -52,6 +61,7 @@ from dfvg.gpu.kernels import greedy_accept
 # Against off, the real pair, in one run each (H100, RESULTS.md 2026-12-06 18:27 UTC): plain 1.014x / 1.004x / 1.008x
 # tok/s, the draft's k = 4 chain 1.054x / 1.084x / 1.080x, the feature head's 1.052x / 1.066x / 1.074x.
 LOOKAHEAD = True
+ONE_SEQUENCE = (GraphFeatureDrafter, GraphBlockDrafter)  # drafters whose step keeps the committed tokens on the device
 
 
 def accept_rows(logits: Tensor, drafts: Tensor) -> tuple[Tensor, Tensor]:
@@ -92,6 +102,22 @@ def feature_step_body(target: GraphModel, drafter: GraphFeatureDrafter, state: T
     last_pos = state[0, 2]
     fed = last_pos - k + torch.arange(k + 1, device=state.device)  # positions L-1-k .. L-1
     feature_block(drafter.head, drafter.gm, history[fed], fed, target.features[fed - 1], drafts, vocab)
+    return verify_and_commit(target, state, history, drafts, record)
+
+
+def block_step_body(target: GraphModel, drafter: GraphBlockDrafter, state: Tensor, history: Tensor, masks: Tensor,
+                    drafts: Tensor, record: Tensor, vocab: int) -> Tensor:
+    """One greedy step of one sequence drafted by a block drafter (dfvg.block_draft): the last k + 1 committed
+    tokens (from history, as the feature head's catch-up) and k - 1 masks in one draft pass, then the verify."""
+    k = drafts.shape[1]
+    fed = state[0, 2] - k + torch.arange(k + 1, device=state.device)  # positions L-1-k .. L-1
+    block_body(drafter.gm, history[fed][None], fed[None, :1], masks, drafts, vocab)
+    return verify_and_commit(target, state, history, drafts, record)
+
+
+def verify_and_commit(target: GraphModel, state: Tensor, history: Tensor, drafts: Tensor, record: Tensor) -> Tensor:
+    """The verify half of a one-sequence step that keeps its committed tokens on the device (history [S])."""
+    k, last_pos = drafts.shape[1], state[0, 2]
     ids = torch.cat([state[:, 1:2], drafts], dim=1)  # [1, k+1]
     pos = state[:, 2:3] + torch.arange(k + 1, device=state.device)
     num, nxt = accept_rows(target.forward_rows(ids, pos), drafts)
@@ -107,8 +133,8 @@ class DeviceRows:
 
     def __init__(self, verifier: GraphVerifier, drafter: GraphDrafter | GraphFeatureDrafter | None, k: int,
                  rows: int = 1):
-        if isinstance(drafter, GraphFeatureDrafter) and rows != 1:
-            raise ValueError("a feature head drafts one sequence at a time")
+        if isinstance(drafter, ONE_SEQUENCE) and rows != 1:
+            raise ValueError("a feature head or a block drafter drafts one sequence at a time")
         self.verifier, self.drafter, self.rows = verifier, drafter, rows
         self.device = verifier.device
         self.k = k if drafter is not None else 0
@@ -135,10 +161,15 @@ class DeviceRows:
             self.state.copy_(torch.tensor([[0, 0, scratch + 1]]).expand(self.rows, 3))
 
         body = lambda: step_body(target, draft, self.state, self.drafts, self.record, self.active, vocab)  # noqa: E731
-        if isinstance(self.drafter, GraphFeatureDrafter):
+        if isinstance(self.drafter, ONE_SEQUENCE):
             self.history = torch.zeros(target.cache_len, dtype=torch.long, device=self.device)
+        if isinstance(self.drafter, GraphFeatureDrafter):
             body = lambda: feature_step_body(target, self.drafter, self.state, self.history, self.drafts,  # noqa: E731
                                              self.record, vocab)
+        elif isinstance(self.drafter, GraphBlockDrafter):
+            masks = mask_tokens(draft, self.k)
+            body = lambda: block_step_body(target, self.drafter, self.state, self.history, masks,  # noqa: E731
+                                           self.drafts, self.record, vocab)
         self.graph, _ = target.capture(("fast", self.k, self.rows, id(draft)), body, before=reset)
         self._cache_ids = self._cache_key()
 
@@ -152,7 +183,7 @@ class DeviceRows:
             self._capture()
         self.state.copy_(torch.tensor([[p[max(len(p) - 2, 0)], p[-1], len(p) - 1] for p in prompts]))
         self.active.fill_(1)
-        if isinstance(self.drafter, GraphFeatureDrafter):
+        if isinstance(self.drafter, ONE_SEQUENCE):
             self.history[: len(prompts[0])].copy_(torch.tensor(prompts[0]))
 
     def retire(self, row: int) -> None:
@@ -251,5 +282,7 @@ def fits_device_step(verifier: object, drafter: object, prompt_len: int, k: int)
     acceptance kernel's rows."""
     head = isinstance(drafter, GraphFeatureDrafter)
     graph_drafter = drafter is None or isinstance(drafter, GraphDrafter) or head
-    shortest = k + 2 if head else 2
-    return isinstance(verifier, GraphVerifier) and graph_drafter and prompt_len >= shortest and k + 1 <= VERIFY_ROWS
+    shortest = k + 2 if head else k + 1 if isinstance(drafter, GraphBlockDrafter) else 2
+    within = not isinstance(drafter, GraphBlockDrafter) or k <= drafter.block_size  # a block: one pass of k drafts
+    return (isinstance(verifier, GraphVerifier) and graph_drafter and within and prompt_len >= shortest
+            and k + 1 <= VERIFY_ROWS)

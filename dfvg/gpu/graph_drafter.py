@@ -14,6 +14,7 @@ import time
 import torch
 from torch import Tensor
 
+from dfvg.block_draft import BlockDrafter
 from dfvg.drafter import DraftBlock, TorchDrafter, fit_vocab
 from dfvg.feature_head import FeatureDrafter, FeatureHead
 from dfvg.gpu.graphs import PREFILL_CHUNK, SCRATCH, GraphModel
@@ -99,6 +100,78 @@ def draft_graph(gm: GraphModel, k: int, vocab: int) -> _DraftGraph:
         graph = _DraftGraph(gm, k, vocab)
         gm.graphs[("draft-runner", k)] = graph
     return graph
+
+
+class GraphBlockDrafter(GraphDrafter):
+    """A block draft (dfvg.block_draft) on CUDA: a greedy block is one pass of the last k + 1 committed tokens
+    and k - 1 masks, in one graph replay (`block_body`); sampling and a longer catch-up run eagerly.
+
+    Why always k + 1 catch-up tokens: the masks' cache slots must be rewritten with the committed tokens
+    that replace them, and after a verify those are 1..k + 1; feeding the last k + 1 (the earlier ones again,
+    with the same values) gives one graph shape for every accepted count, as the feature head's catch-up does."""
+
+    def __init__(self, model: Transformer, target_vocab_size: int | None = None, compile_blocks: bool = True,
+                 cache_len: int = 1024, fused_layers: bool = True):
+        super().__init__(model, target_vocab_size, compile_blocks, cache_len, fused_layers)
+        self.eager = BlockDrafter(model, self.vocab_size)
+        self.block_size = model.config.block_size
+
+    def prepare(self, max_k: int) -> None:
+        for k in range(1, min(max_k, self.block_size) + 1):
+            self._graph(k)
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> DraftBlock:
+        start, length, k = time.perf_counter(), len(context), min(k, self.block_size)
+        if not sampling.greedy or k < 1 or length < k + 1 or length + k > self.gm.scratch_pos:
+            self.eager.cached_len = self.cached_len
+            block = self.eager.propose(context, k, sampling, generator)
+            self.cached_len = self.eager.cached_len
+            return block
+        if self.cached_len < length - k - 1:  # a gap the catch-up cannot cover: feed it eagerly
+            self.eager.cached_len = self.cached_len
+            self.eager._next_logits(context[self.cached_len : length - k - 1], self.cached_len)
+        graph = self._graph(k)
+        graph.state.copy_(torch.tensor([context[-k - 1:] + [length - k - 1]]))
+        graph.graph.replay()
+        self.cached_len = length
+        return DraftBlock(graph.drafts[0].tolist(), None, time.perf_counter() - start)
+
+    def _graph(self, k: int) -> _BlockGraph:
+        graph = self.gm.graphs.get(("block-runner", k))
+        if graph is None:
+            graph = _BlockGraph(self.gm, k, self.vocab_size)
+            self.gm.graphs[("block-runner", k)] = graph
+        return graph
+
+
+class _BlockGraph:
+    """One greedy block in one graph: state [1, k + 2] = [the last k + 1 committed tokens, the first one's
+    position] -> drafts [1, k]."""
+
+    def __init__(self, gm: GraphModel, k: int, vocab: int):
+        self.state = torch.tensor([[0] * (k + 1) + [gm.scratch_pos]], dtype=torch.long, device=gm.device)
+        self.drafts = torch.zeros(1, k, dtype=torch.long, device=gm.device)
+        self.masks = mask_tokens(gm, k)
+        self.graph, _ = gm.capture(("block-draft", k), lambda: block_body(
+            gm, self.state[:, :-1], self.state[:, -1:], self.masks, self.drafts, vocab))
+
+
+def mask_tokens(gm: GraphModel, k: int) -> Tensor:
+    """A block drafter's k - 1 mask ids on its device, made before a capture (a copy from the host is not
+    allowed inside one)."""
+    return torch.tensor(gm.model.config.mask_ids[: k - 1], dtype=torch.long, device=gm.device)
+
+
+def block_body(gm: GraphModel, ids: Tensor, first_pos: Tensor, masks: Tensor, drafts: Tensor, vocab: int) -> Tensor:
+    """A block drafter's pass for B rows: ids [B, c] at first_pos [B, 1].., then the k - 1 masks [k - 1] after
+    them, in one forward; drafts [B, k] <- the argmax of the last real row and of each mask row. Graph-safe."""
+    c, k = ids.shape[1], drafts.shape[1]
+    rows = torch.cat([ids, masks.expand(ids.shape[0], k - 1)], dim=1)
+    pos = first_pos + torch.arange(c + k - 1, device=ids.device)
+    drafts.copy_(gm.forward_rows(rows, pos)[:, c - 1:, :vocab].argmax(-1))
+    return drafts
 
 
 class GraphFeatureDrafter(FeatureDrafter):

@@ -230,13 +230,15 @@ class BlockEstimate:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, Metric)}
 
 
-def _pass_terms(w: DraftWorkload, board: Board, d: DesignParams, p: Placement, c: int, n: int, efficiency: float):
-    """(memory s, compute s, off-chip bytes) of one pass feeding n tokens with c positions cached."""
+def _pass_terms(w: DraftWorkload, board: Board, d: DesignParams, p: Placement, c: int, n: int, efficiency: float,
+                head_rows: int = 1):
+    """(memory s, compute s, off-chip bytes) of one pass feeding n tokens with c positions cached, the LM head
+    on its last `head_rows` rows (a block drafter's pass reads k)."""
     kv_bytes = 0 if p.kv_on_chip else w.kv_bytes_per_position() * (c + 2 * n)  # read c+n, write n
     offchip = w.streamed_weight_bytes() - p.resident_weight_bytes + kv_bytes
     mem_s = offchip / (board.offchip_peak_gbps * 1e9 * d.bandwidth_efficiency)
     macs_per_s = d.dsps_used * d.macs_per_dsp * efficiency * d.clock_mhz * 1e6
-    macs = n * (w.macs_per_token(c) - w.head_params()) + w.head_params()  # the head: last token only
+    macs = n * (w.macs_per_token(c) - w.head_params()) + head_rows * w.head_params()
     return mem_s, macs / macs_per_s, offchip
 
 
@@ -263,13 +265,15 @@ def _check(workload: DraftWorkload, board: Board, design: DesignParams, k: int, 
 
 
 def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: int, context_len: int,
-                new_tokens: int = 1, feature_tokens: int | None = None) -> BlockEstimate:
+                new_tokens: int = 1, feature_tokens: int | None = None, one_pass: bool = False) -> BlockEstimate:
     """Model one draft block: ONE kernel launch that feeds `new_tokens` ids and drafts k tokens.
 
     `context_len` is how many positions the draft KV cache already holds when the block starts; the
     first pass feeds the `new_tokens` committed-but-uncached ids (usually 1: the bonus/correction token)
     and yields draft 1, then k - 1 one-token passes yield drafts 2..k.
     Example: k=4, context_len=100, new_tokens=1 -> passes at (c=100, n=1), (101, 1), (102, 1), (103, 1).
+    `one_pass`: a block drafter (dfvg.block_draft): one pass of the new ids and k - 1 mask tokens, the LM head
+    on its last k rows. Example: k=4, new_tokens=5 -> one pass at (c=100, n=8).
     """
     placement = place(workload, board, design)
     _check(workload, board, design, k, context_len, new_tokens, placement)
@@ -277,7 +281,10 @@ def model_block(workload: DraftWorkload, board: Board, design: DesignParams, k: 
     efficiency = compute_efficiency(design)
     overhead_s = workload.num_layers * cycles / (design.clock_mhz * 1e6)
     passes = [(context_len, new_tokens)] + [(context_len + new_tokens + i, 1) for i in range(k - 1)]
-    terms = [_pass_terms(workload, board, design, placement, c, n, efficiency[0]) for c, n in passes]
+    if one_pass:
+        passes = [(context_len, new_tokens + k - 1)]
+    head_rows = k if one_pass else 1
+    terms = [_pass_terms(workload, board, design, placement, c, n, efficiency[0], head_rows) for c, n in passes]
     mem_s = sum(t[0] for t in terms)
     compute_s = sum(t[1] for t in terms)
     passes_s = sum(max(t[0], t[1]) for t in terms) + overhead_s * len(passes)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 15's two untried drafts, trained and measured beside the shipped ones in one lease:
+#   - a block drafter (dfvg.block_draft: all k tokens of a block from one pass, PARD-style mask tokens), started
+#     from the shipped 4 x 512 chain draft (--init-from) and trained on its data with the mask-row loss;
+#   - a deeper chain draft, 5 x 512 (docs/distill.md's sizing table: on chip at int8), trained as the shipped
+#     4 x 512 was (same data, steps and learning rate; from the target's PCA).
+# Both train at once (small drafts leave the GPU mostly idle), then one gpu_speed run times DFVG plain, the
+# shipped draft, the feature head and both new drafts on the 20 held-out HumanEval prompts (k = 3 and 4), every
+# row through Engine.decode, the product's path. The training logs end with the exact teacher-forced acceptance
+# on the test split by source (HumanEval, ShareGPT).
+#
+#   carry: .chunks/p (device_pack.py's chunks of the target GGUF and both shipped drafts, one per call),
+#          results/distill_prompts (distill_h200.sh prompts), .chunks/prompts.json, .whl (the gguf wheel)
+#   (setsid nohup bash benchmarks/h200_drafts.sh /root/p /root/dout > /root/drafts.log 2>&1 &)
+# Env: BLOCK_STEPS (default 1500), DEEP_SHAPE (default 5:512:32768), STEPS (the deeper draft's, default 2000),
+# SKIP_TRAIN=1 (time drafts already in $RESULTS). OUT must not be /root/out (the device tool's, emptied each call).
+set -euo pipefail
+chunks=$1
+out=$2
+case $out in /root/out | /root/out/*) echo "error: $out is the device tool's \$OUT, emptied at every call" >&2; exit 2;; esac
+mkdir -p "$out"
+rm -rf /root/repo_d && cp -r "$(dirname "$0")/.." /root/repo_d && cd /root/repo_d
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
+source benchmarks/h200_weights.sh  # GGUFs to /root/cache/gguf, the shipped drafts into drafts/
+D=drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768
+export GGUF_DIR=/root/cache/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/distill TIME_BUDGET=1500
+DEEP_SHAPE=${DEEP_SHAPE:-5:512:32768}
+IFS=: read -r dl dd dv <<<"$DEEP_SHAPE"
+block=$RESULTS/l4-d512-v32768-b4
+deep=$RESULTS/l${dl}-d${dd}-v${dv}
+if [ "${SKIP_TRAIN:-0}" != 1 ]; then
+  bash benchmarks/distill_h200.sh prepare teacher > "$out/teacher.log" 2>&1
+  echo "TEACHER_DONE $(date -u +%T)"
+  (BLOCK=4 INIT_FROM=$D STEPS=${BLOCK_STEPS:-1500} SHAPES=4:512:32768 bash benchmarks/distill_h200.sh train \
+    > "$out/train_block.log" 2>&1; echo "BLOCK_DONE $(date -u +%T)") &
+  (SHAPES=$DEEP_SHAPE bash benchmarks/distill_h200.sh train > "$out/train_deep.log" 2>&1; echo "DEEP_DONE $(date -u +%T)") &
+  wait
+  cp -f "$block/distill_recipe.json" "$out/block_recipe.json" || true
+  cp -f "$deep/distill_recipe.json" "$out/deep_recipe.json" || true
+fi
+python3 benchmarks/gpu_speed.py --phases dfvg --ks 3,4 --one-kernel --trees "" --skip-draft \
+  --feature-head $D-fh --distilled-draft $D --extra-drafts "$block,$deep" --gguf-dir /root/cache/gguf \
+  --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/speed_d --out "$out/speed" \
+  2>&1 | grep -v "it/s\]" | tee "$out/speed.log"
+python3 benchmarks/speed_breakdown.py "$out/speed/dfvg.json" | tee "$out/breakdown.txt"
+echo "DRAFTS_DONE $(date -u +%T)"

@@ -1,0 +1,129 @@
+"""Training and exact greedy acceptance of a block drafter (dfvg.block_draft): k tokens from one pass.
+
+What this module owns: the teacher-forced batch with mask rows (`block_batch`), the loss over it
+(`block_loss`), and the block drafter's exact acceptance on held-out continuations (`block_matches`,
+`block_table`). What it does not own: the training loop (train.py), the data (teacher.py).
+
+The objective (PARD's, on DistillSpec's data): every row that predicts a continuation token is an anchor;
+after the real rows, each anchor t gets K - 1 mask rows at positions t + 1 .. t + K - 1, and mask j learns
+the teacher's distribution at row t + j (the token j places past the one anchor t predicts). An attention
+mask gives each mask row exactly what it sees when drafting: the real rows up to its anchor and its
+anchor's earlier masks; real rows stay causal among themselves, so one pass trains the chain prediction
+and all K - 1 offsets of every anchor. Slots are the row indices (masks of different anchors share
+positions), as a token tree's are (`Transformer.run_layers`).
+
+Why the acceptance shortcut is exact: under greedy verification a block drafted after committed prefix
+c[:j] is accepted while its drafts equal c[j], c[j+1], ...; the drafter's first token is the chain
+prediction at row j and its i-th mask row sees c[:j] only, so both are read off the teacher-forced pass.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dfvg.distill.evaluate import steps_table
+from dfvg.distill.teacher import TeacherSequence
+from dfvg.distill.train import BatchLoss, distill_loss, make_batch
+from dfvg.generate import step_length
+from dfvg.model import Transformer
+from dfvg.stats import StepRecord
+
+
+def block_batch(ids: Tensor, mask: Tensor, block_size: int,
+                mask_ids: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A teacher-forced batch (make_batch's ids, loss mask [B, T]) with mask rows appended ->
+    (ids, positions [B, R], attention [B, 1, R, R] (True = may attend), teacher row [B, R] (-1: no loss)).
+
+    Teacher rows index make_batch's top-K rows ((b, t) order of the loss mask). Anchors are the loss mask's
+    rows, padded to the batch's most; a padding anchor's masks sit at row 0 and take no loss."""
+    batch, width = ids.shape
+    device, masks = ids.device, block_size - 1
+    teacher = torch.where(mask, mask.flatten().cumsum(0).view(batch, width) - 1, -1)
+    count = int(mask.sum(1).max())
+    order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices[:, :count]  # each row's anchors, first
+    real = torch.arange(count, device=device)[None] < mask.sum(1, keepdim=True)  # [B, A]
+    anchor = torch.where(real, order, 0)  # [B, A]
+    offsets = torch.arange(1, masks + 1, device=device)  # [K-1]
+    at = anchor[:, :, None] + offsets  # [B, A, K-1]: the row each mask stands in for
+    target = teacher.gather(1, at.clamp(max=width - 1).flatten(1)).view_as(at)
+    target = torch.where(real[:, :, None] & (at < width), target, -1)
+    out_ids = torch.cat([ids, torch.tensor(mask_ids, device=device).expand(batch, count, masks).flatten(1)], 1)
+    positions = torch.cat([torch.arange(width, device=device).expand(batch, width), at.flatten(1)], 1)  # [B, R]
+    real_rows = torch.arange(width, device=device)
+    rows_anchor = torch.cat([real_rows.expand(batch, width), anchor.repeat_interleave(masks, 1)], 1)
+    group = torch.cat([torch.full((width,), -1, device=device),
+                       torch.arange(count, device=device).repeat_interleave(masks)])
+    offset = torch.cat([torch.zeros(width, dtype=torch.long, device=device), offsets.repeat(count)])
+    is_real = group < 0
+    slot = torch.arange(width + count * masks, device=device)
+    sees_real = is_real[None, None, :] & (slot[None, None, :] <= rows_anchor[:, :, None])  # [B, R, R]
+    sees_mask = ((group[:, None] == group[None, :]) & ~is_real[None, :] & (offset[None, :] <= offset[:, None]))[None]
+    return out_ids, positions, (sees_real | sees_mask)[:, None], torch.cat([teacher, target.flatten(1)], 1)
+
+
+def block_hidden(model: Transformer, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The draft's final hidden states over a block batch, with a fresh cache: ([B, R, D], teacher rows [B, R],
+    positions [B, R])."""
+    cfg = model.config
+    out_ids, positions, attention, teacher = block_batch(ids, mask, cfg.block_size, cfg.mask_ids)
+    rows = out_ids.shape[1]
+    model.max_batch = model.max_seq_len = 0  # no autograd history from the last step's cache
+    model.setup_cache(ids.shape[0], rows)
+    slots = torch.arange(rows, device=ids.device).expand_as(out_ids)
+    return model.run_layers(model.embed(out_ids), positions, slots, attention), teacher, positions
+
+
+def block_loss(rows: Tensor) -> BatchLoss:
+    """The block drafter's loss: `distill_loss` over every real and mask row that has a teacher row."""
+    def loss(model: Transformer, ids: Tensor, positions: Tensor, mask: Tensor, topk_ids: Tensor,
+             topk_probs: Tensor) -> Tensor:
+        hidden, teacher, _ = block_hidden(model, ids, mask)
+        keep = teacher >= 0
+        index = teacher[keep]
+        return distill_loss(model.head_logits(hidden[keep]), topk_ids[index], topk_probs[index], rows)
+    return loss
+
+
+@torch.no_grad()
+def block_matches(model: Transformer, sequences: list[TeacherSequence], batch_size: int = 8) -> list[Tensor]:
+    """Per sequence, bool [n, K]: entry [j, i] says the block drafted after committed c[:j] has c[j + i] as
+    its token i (i = 0: the chain prediction; False past the continuation's end)."""
+    device = model.tok_embeddings.weight.device
+    size, out = model.config.block_size, []
+    for start in range(0, len(sequences), batch_size):
+        chunk = sequences[start : start + batch_size]
+        ids, _, mask, _, _ = make_batch(chunk, device)
+        hidden, teacher, _ = block_hidden(model, ids, mask)
+        predicted = model.head_logits(hidden).argmax(-1)  # [B, R] head rows (ascending ids: ties as over V)
+        if model.config.head_vocab_size:
+            predicted = model.head_token_ids[predicted]
+        truth = torch.cat([torch.tensor(s.continuation, device=device) for s in chunk])
+        right = torch.where(teacher >= 0, predicted == truth[teacher.clamp_min(0)], False)  # [B, R]
+        width = ids.shape[1]
+        for b, seq in enumerate(chunk):
+            n, first = len(seq.continuation), len(seq.prompt) - 1
+            chain = right[b, first : first + n]  # anchor j's own row: c[j]
+            masks = right[b, width:].view(-1, size - 1)[:n]  # anchor j's masks: c[j+1 ..]
+            out.append(torch.cat([chain[:, None], masks], 1).cpu())
+    return out
+
+
+def block_steps(matches: Tensor, k: int, max_new_tokens: int | None = None) -> list[StepRecord]:
+    """The steps a block drafter's generation takes over one continuation: at committed j it drafts
+    step_length(k, j, total) tokens (the engine's own rule) and accepts the run of matches[j, :that]."""
+    total = matches.shape[0] if max_new_tokens is None else max_new_tokens
+    steps, j = [], 0
+    while j < matches.shape[0]:
+        step_k = min(step_length(k, j, total), matches.shape[1])
+        accepted = 0
+        while accepted < step_k and bool(matches[j, accepted]):
+            accepted += 1
+        steps.append(StepRecord(step_k, accepted))
+        j += accepted + 1
+    return steps
+
+
+def block_table(matches: list[Tensor], ks: list[int], max_new_tokens: int | None = None) -> dict[int, dict]:
+    """For each k: the canonical metrics (evaluate.steps_table) of the block drafter's steps."""
+    return steps_table({k: [s for m in matches for s in block_steps(m, k, max_new_tokens)] for k in ks})
