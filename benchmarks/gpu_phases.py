@@ -184,9 +184,10 @@ def extra_draft_rows(args, models: dict, draft: str, verifier: GraphVerifier) ->
         runs.update(chain_rows(args, f"dfvg_{name[1]}_k{k}", f"dfvg spec {name[1]} k={k}", models["prompts"],
                                dfvg_runner(verifier, drafter, k, args.max_new_tokens)))
     if args.device.startswith("cuda"):
-        graph = drafter._graph(4).graph if size else draft_graph(drafter.gm, 4, verifier.vocab_size).graph
-        runs[f"draft_block_k4_ms_{name[1]}"] = cuda_median_ms(graph.replay)
-        print(f"  {name[1]}: k = 4 draft replay {runs[f'draft_block_k4_ms_{name[1]}']:.3f} ms", flush=True)
+        k = min(4, size or 4)
+        graph = drafter._graph(k).graph if size else draft_graph(drafter.gm, k, verifier.vocab_size).graph
+        runs[f"draft_block_k{k}_ms_{name[1]}"] = cuda_median_ms(graph.replay)
+        print(f"  {name[1]}: k = {k} draft replay {runs[f'draft_block_k{k}_ms_{name[1]}']:.3f} ms", flush=True)
     return runs
 
 

@@ -12,8 +12,9 @@
 #   carry: .chunks/p (device_pack.py's chunks of the target GGUF and both shipped drafts, one per call),
 #          results/distill_prompts (distill_h200.sh prompts), .chunks/prompts.json, .whl (the gguf wheel)
 #   (setsid nohup bash benchmarks/h200_drafts.sh /root/p /root/dout > /root/drafts.log 2>&1 &)
-# Env: BLOCK_STEPS (default 1500), DEEP_SHAPE (default 5:512:32768), STEPS (the deeper draft's, default 2000),
-# SKIP_TRAIN=1 (time drafts already in $RESULTS). OUT must not be /root/out (the device tool's, emptied each call).
+# Env: BLOCK_STEPS (default 1500), DEEP_SHAPE (default 5:512:32768; '' = no deeper draft), STEPS (the deeper
+# draft's, default 2000), KS (draft lengths timed, default 3,4), SKIP_TRAIN=1 (time drafts already in $RESULTS).
+# OUT must not be /root/out (the device tool's, emptied each call).
 set -euo pipefail
 chunks=$1
 out=$2
@@ -25,22 +26,25 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
 source benchmarks/h200_weights.sh  # GGUFs to /root/cache/gguf, the shipped drafts into drafts/
 D=drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768
 export GGUF_DIR=/root/cache/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/distill TIME_BUDGET=1500
-DEEP_SHAPE=${DEEP_SHAPE:-5:512:32768}
-IFS=: read -r dl dd dv <<<"$DEEP_SHAPE"
+DEEP_SHAPE=${DEEP_SHAPE-5:512:32768}
 block=$RESULTS/l4-d512-v32768-b4
-deep=$RESULTS/l${dl}-d${dd}-v${dv}
+deep=""
+if [ -n "$DEEP_SHAPE" ]; then IFS=: read -r dl dd dv <<<"$DEEP_SHAPE"; deep=$RESULTS/l${dl}-d${dd}-v${dv}; fi
 if [ "${SKIP_TRAIN:-0}" != 1 ]; then
   bash benchmarks/distill_h200.sh prepare teacher > "$out/teacher.log" 2>&1
   echo "TEACHER_DONE $(date -u +%T)"
   (BLOCK=4 INIT_FROM=$D STEPS=${BLOCK_STEPS:-1500} SHAPES=4:512:32768 bash benchmarks/distill_h200.sh train \
     > "$out/train_block.log" 2>&1; echo "BLOCK_DONE $(date -u +%T)") &
-  (SHAPES=$DEEP_SHAPE bash benchmarks/distill_h200.sh train > "$out/train_deep.log" 2>&1; echo "DEEP_DONE $(date -u +%T)") &
+  if [ -n "$deep" ]; then
+    (SHAPES=$DEEP_SHAPE bash benchmarks/distill_h200.sh train > "$out/train_deep.log" 2>&1; echo "DEEP_DONE $(date -u +%T)") &
+  fi
   wait
   cp -f "$block/distill_recipe.json" "$out/block_recipe.json" || true
-  cp -f "$deep/distill_recipe.json" "$out/deep_recipe.json" || true
+  [ -z "$deep" ] || cp -f "$deep/distill_recipe.json" "$out/deep_recipe.json" || true
 fi
-python3 benchmarks/gpu_speed.py --phases dfvg --ks 3,4 --one-kernel --trees "" --skip-draft \
-  --feature-head $D-fh --distilled-draft $D --extra-drafts "$block,$deep" --gguf-dir /root/cache/gguf \
+extra=$(for d in $block $deep; do if [ -f "$d/config.json" ]; then echo -n "$d,"; fi; done)  # runs that finished
+python3 benchmarks/gpu_speed.py --phases dfvg --ks "${KS:-3,4}" --one-kernel --trees "" --skip-draft \
+  --feature-head $D-fh --distilled-draft $D --extra-drafts "${extra%,}" --gguf-dir /root/cache/gguf \
   --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/speed_d --out "$out/speed" \
   2>&1 | grep -v "it/s\]" | tee "$out/speed.log"
 python3 benchmarks/speed_breakdown.py "$out/speed/dfvg.json" | tee "$out/breakdown.txt"

@@ -59,4 +59,8 @@ class BlockDrafter(TorchDrafter):
             tokens.append(int(sample_from(dist, uniform)))
             probs.append(dist)
         synchronize(self.device)
-        return DraftBlock(tokens, None if sampling.greedy else torch.stack(probs), time.perf_counter() - start)
+        block = DraftBlock(tokens, None if sampling.greedy else torch.stack(probs), time.perf_counter() - start)
+        # each draft's top probability, for the adaptive draft length (dfvg.host.adaptive.block_confidence): its
+        # forward-hook probe sees one pass per block, not one per draft
+        block.confidence = torch.softmax(logits.float(), dim=-1).max(dim=-1).values.tolist()
+        return block

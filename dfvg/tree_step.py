@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from dfvg.block_draft import BlockDrafter
 from dfvg.devices import synchronize
 from dfvg.drafter import DraftBlock, Drafter, TorchDrafter, fit_vocab
 from dfvg.errors import UserError
@@ -269,7 +270,7 @@ def tree_step(verifier: Verifier, drafter: Drafter, spec: TreeSpec, sampling: Sa
     if isinstance(drafter, FpgaDrafter):
         return TreeStep(verifier, DatapathTreeDrafter(drafter, check_fpga_tree(drafter, spec, sampling)), spec,
                         sampling, rng, draft_length)
-    if type(drafter) is not TorchDrafter:
+    if type(drafter) not in (TorchDrafter, BlockDrafter):  # a block drafter's tree grows on its chain rows
         raise UserError("--tree needs a torch draft (--draft-device cpu/cuda) or the emulated FPGA datapath")
     return TreeStep(verifier, TreeDrafter(drafter, spec), spec, sampling, rng, draft_length)
 

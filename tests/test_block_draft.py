@@ -178,6 +178,57 @@ def test_the_board_model_drafts_a_block_in_one_pass():
     assert sized.block_time.value == pytest.approx(worst.block_time.value)
 
 
+def test_dfvg_generate_drafts_with_a_block_folder_and_equals_no_draft(trained, setup, capsys):
+    """The product's command: `dfvg generate --draft <block drafter>` gives `--no-draft`'s tokens and accepts
+    drafts; `--draft-device fpga` is refused in one line (the datapath does not run block drafters yet)."""
+    from dfvg.cli import main
+
+    base = ["generate", "--target", str(setup / "target"), "--prompt-ids", "5,17,99,150,3", "--max-new-tokens", "30",
+            "--json"]
+    assert main([*base, "--draft", str(trained[0]), "--draft-length", "4"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main([*base, "--no-draft"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == spec["tokens"]
+    assert spec["stats"]["num_accepted_tokens"] > 0
+    assert main([*base, "--draft", str(trained[0]), "--draft-device", "fpga"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "block drafter" in err
+
+
+@pytest.mark.parametrize("mode", ["sync", "overlap"])
+def test_both_host_schedules_are_lossless(trained, setup, mode):
+    """The host pipeline (`dfvg run`'s schedules): the overlap schedule drafts the next block while the target
+    verifies, asking for k + 1 tokens (a block drafter gives at most its block size); output equals plain."""
+    from dfvg.host.pipeline import run_pipeline
+
+    target = TorchVerifier(load_model(setup / "target"))
+    drafter = BlockDrafter(load_model(trained[0]), VOCAB)
+    for prompt in PROMPTS:
+        plain = generate(target, prompt, 30).tokens
+        for k in (2, 4):
+            assert run_pipeline(target, drafter, prompt, 30, draft_length=k, mode=mode).tokens == plain
+
+
+def test_a_tree_grows_on_the_block_drafters_chain_rows_and_the_adaptive_length_reads_its_rows(trained, setup):
+    """--tree with a block drafter grows the tree on its real rows (an ordinary draft for one token), eagerly as on
+    the device tree, and stays lossless; each block carries its k rows' top probabilities, which the adaptive
+    draft length reads (its forward-hook probe sees one pass per block)."""
+    from dfvg.host.adaptive import block_confidence
+    from dfvg.tree import parse_tree_spec
+
+    target = TorchVerifier(load_model(setup / "target"))
+    drafter = BlockDrafter(load_model(trained[0]), VOCAB)
+    engine, accepted = Engine(target), 0
+    for prompt in PROMPTS:
+        tree = engine.decode(drafter, prompt, 20, k=3, tree=parse_tree_spec("2,2,1"))
+        assert tree.tokens == generate(target, prompt, 20).tokens
+        accepted += tree.stats()["num_accepted_tokens"]
+    assert accepted > 0
+    drafter.prefill(list(PROMPTS[1]), 64)
+    confidence = block_confidence(drafter.propose(list(PROMPTS[1]), 4, SamplingParams(), None), None)
+    assert len(confidence) == 4 and all(0 < c <= 1 for c in confidence)
+
+
 @pytest.mark.parametrize("overrides, needle", [
     (dict(block_size=4, feature_head=True), "--feature-head"),
     (dict(block_size=2, eval_ks=(2, 4)), "--eval-k"),

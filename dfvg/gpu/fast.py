@@ -167,8 +167,8 @@ class DeviceRows:
             body = lambda: feature_step_body(target, self.drafter, self.state, self.history, self.drafts,  # noqa: E731
                                              self.record, vocab)
         elif isinstance(self.drafter, GraphBlockDrafter):
-            masks = mask_tokens(draft, self.k)
-            body = lambda: block_step_body(target, self.drafter, self.state, self.history, masks,  # noqa: E731
+            self.masks = mask_tokens(draft, self.k)  # held here: the captured graph reads this memory
+            body = lambda: block_step_body(target, self.drafter, self.state, self.history, self.masks,  # noqa: E731
                                            self.drafts, self.record, vocab)
         self.graph, _ = target.capture(("fast", self.k, self.rows, id(draft)), body, before=reset)
         self._cache_ids = self._cache_key()
@@ -283,6 +283,6 @@ def fits_device_step(verifier: object, drafter: object, prompt_len: int, k: int)
     head = isinstance(drafter, GraphFeatureDrafter)
     graph_drafter = drafter is None or isinstance(drafter, GraphDrafter) or head
     shortest = k + 2 if head else k + 1 if isinstance(drafter, GraphBlockDrafter) else 2
-    within = not isinstance(drafter, GraphBlockDrafter) or k <= drafter.block_size  # a block: one pass of k drafts
+    within = not isinstance(drafter, GraphBlockDrafter) or 1 <= k <= drafter.block_size  # a block: one pass of k
     return (isinstance(verifier, GraphVerifier) and graph_drafter and within and prompt_len >= shortest
             and k + 1 <= VERIFY_ROWS)
