@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 15's two untried drafts, trained and measured beside the shipped ones in one lease:
 #   - a block drafter (dfvg.block_draft: all k tokens of a block from one pass, PARD-style mask tokens), started
-#     from the shipped 4 x 512 chain draft (--init-from) and trained on its data with the mask-row loss;
+#     from the shipped 4 x 512 chain draft (--init-from) and trained on its data with the mask-row loss, at two
+#     learning rates;
 #   - a deeper chain draft, 5 x 512 (docs/distill.md's sizing table: on chip at int8), trained as the shipped
 #     4 x 512 was (same data, steps and learning rate; from the target's PCA).
 # Both train at once (small drafts leave the GPU mostly idle), then one gpu_speed run times DFVG plain, the
@@ -12,8 +13,10 @@
 #   carry: .chunks/p (device_pack.py's chunks of the target GGUF and both shipped drafts, one per call),
 #          results/distill_prompts (distill_h200.sh prompts), .chunks/prompts.json, .whl (the gguf wheel)
 #   (setsid nohup bash benchmarks/h200_drafts.sh /root/p /root/dout > /root/drafts.log 2>&1 &)
-# Env: BLOCK_STEPS (default 1500), DEEP_SHAPE (default 5:512:32768; '' = no deeper draft), STEPS (the deeper
-# draft's, default 2000), KS (draft lengths timed, default 3,4), SKIP_TRAIN=1 (time drafts already in $RESULTS).
+# Env: BLOCK_STEPS (default 1000: 7 passes over the 4,709 continuations; 18 passes over a third of them
+# over-fitted on 2026-12-07), BLOCK_LRS (default "1e-3 3e-4": a run each, at once; the validation tau in each
+# log's eval lines chooses, the test split and the timed rows are only reported), DEEP_SHAPE (default
+# 5:512:32768; '' = no deeper draft), STEPS (the deeper draft's, default 2000), KS (draft lengths timed, default 3,4), SKIP_TRAIN=1 (time drafts already in $RESULTS).
 # OUT must not be /root/out (the device tool's, emptied each call).
 set -euo pipefail
 chunks=$1
@@ -27,22 +30,25 @@ source benchmarks/h200_weights.sh  # GGUFs to /root/cache/gguf, the shipped draf
 D=drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768
 export GGUF_DIR=/root/cache/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/distill TIME_BUDGET=1500
 DEEP_SHAPE=${DEEP_SHAPE-5:512:32768}
-block=$RESULTS/l4-d512-v32768-b4
+BLOCK_LRS=${BLOCK_LRS:-"1e-3 3e-4"}  # one block run per peak learning rate, at once; validation chooses
+blocks=$(for lr in $BLOCK_LRS; do echo -n "$RESULTS/l4-d512-v32768-b4-lr$lr "; done)
 deep=""
 if [ -n "$DEEP_SHAPE" ]; then IFS=: read -r dl dd dv <<<"$DEEP_SHAPE"; deep=$RESULTS/l${dl}-d${dd}-v${dv}; fi
 if [ "${SKIP_TRAIN:-0}" != 1 ]; then
   bash benchmarks/distill_h200.sh prepare teacher > "$out/teacher.log" 2>&1
   echo "TEACHER_DONE $(date -u +%T)"
-  (BLOCK=4 INIT_FROM=$D STEPS=${BLOCK_STEPS:-1500} SHAPES=4:512:32768 bash benchmarks/distill_h200.sh train \
-    > "$out/train_block.log" 2>&1; echo "BLOCK_DONE $(date -u +%T)") &
+  for lr in $BLOCK_LRS; do
+    (BLOCK=4 INIT_FROM=$D STEPS=${BLOCK_STEPS:-1000} LR=$lr SUFFIX=-lr$lr SHAPES=4:512:32768 \
+      bash benchmarks/distill_h200.sh train > "$out/train_block_lr$lr.log" 2>&1; echo "BLOCK_DONE $lr $(date -u +%T)") &
+  done
   if [ -n "$deep" ]; then
     (SHAPES=$DEEP_SHAPE bash benchmarks/distill_h200.sh train > "$out/train_deep.log" 2>&1; echo "DEEP_DONE $(date -u +%T)") &
   fi
   wait
-  cp -f "$block/distill_recipe.json" "$out/block_recipe.json" || true
+  for b in $blocks; do cp -f "$b/distill_recipe.json" "$out/$(basename "$b")_recipe.json" || true; done
   [ -z "$deep" ] || cp -f "$deep/distill_recipe.json" "$out/deep_recipe.json" || true
 fi
-extra=$(for d in $block $deep; do if [ -f "$d/config.json" ]; then echo -n "$d,"; fi; done)  # runs that finished
+extra=$(for d in $blocks $deep; do if [ -f "$d/config.json" ]; then echo -n "$d,"; fi; done)  # runs that finished
 python3 benchmarks/gpu_speed.py --phases dfvg --ks "${KS:-3,4}" --one-kernel --trees "" --skip-draft \
   --feature-head $D-fh --distilled-draft $D --extra-drafts "${extra%,}" --gguf-dir /root/cache/gguf \
   --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/speed_d --out "$out/speed" \
