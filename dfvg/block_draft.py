@@ -49,8 +49,10 @@ class BlockDrafter(TorchDrafter):
         if k < 1:
             return DraftBlock([], None, time.perf_counter() - start)
         fed_from = min(self.cached_len, len(context) - 1)  # always feed at least the last token
-        fed = context[fed_from:] + self.model.config.mask_ids[: k - 1]
-        logits = fit_vocab(self.model.feed(fed, fed_from)[-k:], self.vocab_size)  # [k, V]
+        if fed_from < len(context) - 1:  # a catch-up (a drafter taking over mid-generation): its rows' logits
+            self._next_logits(context[fed_from:-1], fed_from)  # unread, so only the last row's are computed
+        fed = context[-1:] + self.model.config.mask_ids[: k - 1]
+        logits = fit_vocab(self.model.feed(fed, len(context) - 1), self.vocab_size)  # [k, V]
         self.cached_len = len(context)
         tokens, probs = [], []
         for row in logits:

@@ -120,6 +120,13 @@ def test_one_forward_pass_per_block(trained):
     calls.clear()
     TorchDrafter(model, VOCAB).propose([5, 17, 99], 4, SamplingParams(), None)
     assert len(calls) == 4
+    model.forward = forward
+    context = [5, 17, 99, 150, 3, 42, 42, 7, 60, 9, 9, 31]  # a drafter taking over mid-generation catches up first
+    late, along = BlockDrafter(model, VOCAB), BlockDrafter(model, VOCAB)
+    late.prefill(context[:3], 64)
+    caught_up = late.propose(context, 4, SamplingParams(), None).tokens
+    along.prefill(context, 64)
+    assert caught_up == along.propose(context, 4, SamplingParams(), None).tokens
 
 
 def test_graph_drafter_and_device_step_equal_the_eager_drafter(trained, setup):
