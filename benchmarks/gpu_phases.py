@@ -19,7 +19,7 @@ from dfvg.engine import Engine
 from dfvg.errors import UserError
 from dfvg.generate import generate
 from dfvg.gpu import fast
-from dfvg.gpu.graph_drafter import GraphBlockDrafter, GraphDrafter, GraphFeatureDrafter, draft_graph
+from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter, draft_graph, graph_drafter
 from dfvg.gpu.graphs import GraphVerifier, token_graph
 from dfvg.gpu.tree_device import tree_room
 from dfvg.verifier import TorchVerifier
@@ -49,9 +49,8 @@ def graph_pair(args, models, kernels: str = "fused", draft: str = "draft") -> tu
         opts = {"compile_blocks": kernels == "compiled", "fused_layers": kernels == "fused", "cache_len": n}
         if ("verifier", kernels) not in models:  # one target per kernel choice, shared by every draft
             models[("verifier", kernels)] = GraphVerifier(models["target"], **opts)
-        model = models.get(draft)
-        kind = GraphBlockDrafter if model is not None and model.config.block_size else GraphDrafter  # as make_drafter
-        drafter = None if model is None else kind(model, models["target"].config.vocab_size, **opts)
+        drafter = None if models.get(draft) is None else graph_drafter(  # a chain's or a block drafter's
+            models[draft], models["target"].config.vocab_size, **opts)
         models[key] = (models[("verifier", kernels)], drafter)
     return models[key]
 

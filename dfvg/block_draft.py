@@ -22,9 +22,9 @@ import time
 import torch
 
 from dfvg.devices import synchronize
-from dfvg.drafter import DraftBlock, TorchDrafter, fit_vocab
+from dfvg.drafter import DraftBlock, TorchDrafter, fit_vocab, sample_block
 from dfvg.model import Transformer
-from dfvg.sampling import SamplingParams, processed_probs, sample_from
+from dfvg.sampling import SamplingParams
 
 
 def is_block_draft(model: Transformer) -> bool:
@@ -54,14 +54,10 @@ class BlockDrafter(TorchDrafter):
         fed = context[-1:] + self.model.config.mask_ids[: k - 1]
         logits = fit_vocab(self.model.feed(fed, len(context) - 1), self.vocab_size)  # [k, V]
         self.cached_len = len(context)
-        tokens, probs = [], []
-        for row in logits:
-            dist = processed_probs(row, sampling)
-            uniform = torch.zeros(()) if sampling.greedy else torch.rand((), generator=generator)
-            tokens.append(int(sample_from(dist, uniform)))
-            probs.append(dist)
+        later_rows = iter(logits[1:])  # each draft's distribution is its own row's, whatever the drafts before it
+        tokens, probs = sample_block(logits[0], k, sampling, generator, lambda _token: next(later_rows))
         synchronize(self.device)
-        block = DraftBlock(tokens, None if sampling.greedy else torch.stack(probs), time.perf_counter() - start)
+        block = DraftBlock(tokens, probs, time.perf_counter() - start)
         # each draft's top probability, for the adaptive draft length (dfvg.host.adaptive.block_confidence): its
         # forward-hook probe sees one pass per block, not one per draft
         block.confidence = torch.softmax(logits.float(), dim=-1).max(dim=-1).values.tolist()

@@ -42,7 +42,7 @@ from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
 from dfvg.generate import GenerationResult, HostStep, check_lengths, decode, max_seq_len
 from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
-from dfvg.gpu.graph_drafter import GraphBlockDrafter, GraphDrafter, GraphFeatureDrafter
+from dfvg.gpu.graph_drafter import GraphBlockDrafter, GraphDrafter, GraphFeatureDrafter, graph_drafter
 from dfvg.gpu.graphs import GraphVerifier
 from dfvg.gpu.tree_device import DeviceTreeStep, device_tree_prompt_len, fits_device_tree, tree_room, tree_shape
 from dfvg.host.adaptive import AdaptiveDraftLength
@@ -107,13 +107,9 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
         return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=target_vocab_size, **fpga_options)
     torch_device = resolve_device(device)
     model = load_model(draft_dir, dtype=dtype, device=torch_device)
-    graphs = uses_graphs(torch_device, fast)
-    if model.config.block_size:
-        return GraphBlockDrafter(model, target_vocab_size, cache_len=DEFAULT_CACHE_LEN) if graphs \
-            else BlockDrafter(model, target_vocab_size)
-    if graphs:
-        return GraphDrafter(model, target_vocab_size, cache_len=DEFAULT_CACHE_LEN)
-    return TorchDrafter(model, target_vocab_size)
+    if uses_graphs(torch_device, fast):
+        return graph_drafter(model, target_vocab_size, cache_len=DEFAULT_CACHE_LEN)
+    return BlockDrafter(model, target_vocab_size) if model.config.block_size else TorchDrafter(model, target_vocab_size)
 
 
 def target_checkpoint(verifier: Verifier | None) -> Path:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from dfvg.block_draft import BlockDrafter
 from dfvg.checkpoint import BLOCK_MASKS_TENSOR, load_model
-from dfvg.distill import block, teacher
+from dfvg.distill import block, evaluate, teacher
 from dfvg.distill.pipeline import run
 from dfvg.distill.train import make_batch
 from dfvg.drafter import TorchDrafter
@@ -88,7 +88,7 @@ def test_exact_acceptance_equals_real_block_steps(trained, setup):
     for prompt, match in zip(PROMPTS, matches, strict=True):
         for k in (2, 4):
             real = generate(verifier, prompt, 20, drafter=drafter, draft_length=k).steps
-            modeled = block.block_steps(match, k, 20)
+            modeled = evaluate.steps_over(match, k, 20)
             assert [(s.num_drafted, s.num_accepted) for s in real] == [(s.num_drafted, s.num_accepted) for s in modeled]
             accepted += sum(s.num_accepted for s in real)
     assert accepted > 0

@@ -1,8 +1,9 @@
 """Training and exact greedy acceptance of a block drafter (dfvg.block_draft): k tokens from one pass.
 
 What this module owns: the teacher-forced batch with mask rows (`block_batch`), the loss over it
-(`block_loss`), and the block drafter's exact acceptance on held-out continuations (`block_matches`,
-`block_table`). What it does not own: the training loop (train.py), the data (teacher.py).
+(`block_loss`), and the block drafter's exact acceptance on held-out continuations (`block_matches`, whose
+rows `evaluate.steps_over` walks as generation steps, and `block_table`). What it does not own: the
+training loop (train.py), the data (teacher.py).
 
 The objective (PARD's, on DistillSpec's data): every row that predicts a continuation token is an anchor;
 after the real rows, each anchor t gets K - 1 mask rows at positions t + 1 .. t + K - 1, and mask j learns
@@ -22,12 +23,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dfvg.distill.evaluate import steps_table
+from dfvg.distill.evaluate import steps_over, steps_table
 from dfvg.distill.teacher import TeacherSequence
 from dfvg.distill.train import BatchLoss, distill_loss, make_batch
-from dfvg.generate import step_length
 from dfvg.model import Transformer
-from dfvg.stats import StepRecord
 
 
 def block_batch(ids: Tensor, mask: Tensor, block_size: int,
@@ -109,21 +108,6 @@ def block_matches(model: Transformer, sequences: list[TeacherSequence], batch_si
     return out
 
 
-def block_steps(matches: Tensor, k: int, max_new_tokens: int | None = None) -> list[StepRecord]:
-    """The steps a block drafter's generation takes over one continuation: at committed j it drafts
-    step_length(k, j, total) tokens (the engine's own rule) and accepts the run of matches[j, :that]."""
-    total = matches.shape[0] if max_new_tokens is None else max_new_tokens
-    steps, j = [], 0
-    while j < matches.shape[0]:
-        step_k = min(step_length(k, j, total), matches.shape[1])
-        accepted = 0
-        while accepted < step_k and bool(matches[j, accepted]):
-            accepted += 1
-        steps.append(StepRecord(step_k, accepted))
-        j += accepted + 1
-    return steps
-
-
 def block_table(matches: list[Tensor], ks: list[int], max_new_tokens: int | None = None) -> dict[int, dict]:
     """For each k: the canonical metrics (evaluate.steps_table) of the block drafter's steps."""
-    return steps_table({k: [s for m in matches for s in block_steps(m, k, max_new_tokens)] for k in ks})
+    return steps_table({k: [s for m in matches for s in steps_over(m, k, max_new_tokens)] for k in ks})

@@ -47,14 +47,25 @@ def greedy_matches(model: Transformer, sequences: list[TeacherSequence], batch_s
 
 def block_steps(matches: Tensor, k: int, max_new_tokens: int | None = None) -> list[StepRecord]:
     """The steps `generate(..., draft_length=k)` takes over a continuation with these draft matches
-    (the engine's own step length, `dfvg.generate.step_length`; tested against real runs in test_distill)."""
-    flags = matches.tolist()
-    total = len(flags) if max_new_tokens is None else max_new_tokens
+    (the engine's own step length, `dfvg.generate.step_length`; tested against real runs in test_distill).
+    A chain's block at committed j drafts c[j], c[j+1], ... while its drafts match, so its row j of
+    `steps_over` is the window matches[j : j + k]."""
+    padded = torch.cat([matches, matches.new_zeros(k)])
+    windows = torch.stack([padded[i : i + matches.shape[0]] for i in range(k)], dim=1)  # [n, k]
+    return steps_over(windows, k, max_new_tokens)
+
+
+def steps_over(matches: Tensor, k: int, max_new_tokens: int | None = None) -> list[StepRecord]:
+    """The steps of a generation over one continuation from bool matches [n, K]: entry [j, i] says the block
+    drafted after committed c[:j] has c[j + i] as its token i. At committed j a step drafts
+    step_length(k, j, total) tokens (at most K) and accepts the run of matches[j, :that], then commits one more
+    (the module docstring's example)."""
+    total = matches.shape[0] if max_new_tokens is None else max_new_tokens
     steps, j = [], 0
-    while j < len(flags):
-        step_k = step_length(k, j, total)
+    while j < matches.shape[0]:
+        step_k = min(step_length(k, j, total), matches.shape[1])
         accepted = 0
-        while accepted < step_k and j + accepted < len(flags) and flags[j + accepted]:
+        while accepted < step_k and bool(matches[j, accepted]):
             accepted += 1
         steps.append(StepRecord(step_k, accepted))
         j += accepted + 1

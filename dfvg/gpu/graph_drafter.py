@@ -58,19 +58,29 @@ class GraphDrafter:
         start = time.perf_counter()
         length = len(context)
         if not sampling.greedy or length < 2 or length + k > self.gm.scratch_pos or k < 1:
-            self.eager.cached_len = self.cached_len
-            block = self.eager.propose(context, k, sampling, generator)
-            self.cached_len = self.eager.cached_len
-            return block
-        if self.cached_len < length - 2:  # a gap the two-token catch-up cannot cover: feed it eagerly
-            self.eager.cached_len = self.cached_len
-            self.eager._next_logits(context[self.cached_len : length - 2], self.cached_len)
+            return self._eager_propose(context, k, sampling, generator)
+        self._catch_up(context, length - 2)  # the graph feeds the last two tokens
         graph = draft_graph(self.gm, k, self.vocab_size)
         graph.state.copy_(torch.tensor([[context[-2], context[-1], length - 1]]))
         graph.graph.replay()
         tokens = graph.drafts[0].tolist()
         self.cached_len = length + k - 1
         return DraftBlock(tokens, None, time.perf_counter() - start)
+
+    def _eager_propose(self, context: list[int], k: int, sampling: SamplingParams,
+                       generator: torch.Generator | None) -> DraftBlock:
+        """The eager drafter's block, on the same model and cache (sampling, and what no graph covers)."""
+        self.eager.cached_len = self.cached_len
+        block = self.eager.propose(context, k, sampling, generator)
+        self.cached_len = self.eager.cached_len
+        return block
+
+    def _catch_up(self, context: list[int], upto: int) -> None:
+        """Feed context[cached_len:upto] eagerly: a gap longer than a graph's own catch-up (a drafter taking over
+        mid-generation)."""
+        if self.cached_len < upto:
+            self.eager.cached_len = self.cached_len
+            self.eager._next_logits(context[self.cached_len : upto], self.cached_len)
 
 
 class _DraftGraph:
@@ -80,6 +90,12 @@ class _DraftGraph:
         self.state = torch.tensor([[0, 0, gm.scratch_pos + 1]], dtype=torch.long, device=gm.device)
         self.drafts = torch.zeros(1, k, dtype=torch.long, device=gm.device)
         self.graph, _ = gm.capture(("draft", k), lambda: draft_body(gm, self.state, self.drafts, vocab))
+
+
+def graph_drafter(model: Transformer, target_vocab_size: int | None = None, **options) -> GraphDrafter:
+    """The graph drafter of a standalone draft: a block drafter's (`config.block_size`) or a chain's."""
+    kind = GraphBlockDrafter if model.config.block_size else GraphDrafter
+    return kind(model, target_vocab_size, **options)
 
 
 def draft_body(gm: GraphModel, state: Tensor, drafts: Tensor, vocab: int) -> Tensor:
@@ -125,13 +141,8 @@ class GraphBlockDrafter(GraphDrafter):
                 generator: torch.Generator | None) -> DraftBlock:
         start, length, k = time.perf_counter(), len(context), min(k, self.block_size)
         if not sampling.greedy or k < 1 or length < k + 1 or length + k > self.gm.scratch_pos:
-            self.eager.cached_len = self.cached_len
-            block = self.eager.propose(context, k, sampling, generator)
-            self.cached_len = self.eager.cached_len
-            return block
-        if self.cached_len < length - k - 1:  # a gap the catch-up cannot cover: feed it eagerly
-            self.eager.cached_len = self.cached_len
-            self.eager._next_logits(context[self.cached_len : length - k - 1], self.cached_len)
+            return self._eager_propose(context, k, sampling, generator)
+        self._catch_up(context, length - k - 1)  # the graph feeds the last k + 1 tokens
         graph = self._graph(k)
         graph.state.copy_(torch.tensor([context[-k - 1:] + [length - k - 1]]))
         graph.graph.replay()
