@@ -15,7 +15,8 @@
 #   (setsid nohup bash benchmarks/h200_drafts.sh /root/p /root/dout > /root/drafts.log 2>&1 &)
 # Env: BLOCK_STEPS (default 1000: 7 passes over the 4,709 continuations; 18 passes over a third of them
 # over-fitted on 2026-12-07), BLOCK_LRS (default "1e-3 3e-4": a run each, at once; the validation tau in each
-# log's eval lines chooses, the test split and the timed rows are only reported), DEEP_SHAPE (default
+# log's eval lines chooses, the test split and the timed rows are only reported), BLOCK_SIZES (default 4; "4 8":
+# a block drafter of each size K at each learning rate; k above K drafts K), DEEP_SHAPE (default
 # 5:512:32768; '' = no deeper draft), STEPS (the deeper draft's, default 2000), KS (draft lengths timed, default 3,4), SKIP_TRAIN=1 (time drafts already in $RESULTS).
 # OUT must not be /root/out (the device tool's, emptied each call).
 set -euo pipefail
@@ -30,17 +31,18 @@ source benchmarks/h200_weights.sh  # GGUFs to /root/cache/gguf, the shipped draf
 D=drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768
 export GGUF_DIR=/root/cache/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/distill TIME_BUDGET=1500
 DEEP_SHAPE=${DEEP_SHAPE-5:512:32768}
-BLOCK_LRS=${BLOCK_LRS:-"1e-3 3e-4"}  # one block run per peak learning rate, at once; validation chooses
-blocks=$(for lr in $BLOCK_LRS; do echo -n "$RESULTS/l4-d512-v32768-b4-lr$lr "; done)
+BLOCK_LRS=${BLOCK_LRS:-"1e-3 3e-4"}  # one block run per peak learning rate and block size, at once; validation chooses
+BLOCK_SIZES=${BLOCK_SIZES:-4}
+blocks=$(for b in $BLOCK_SIZES; do for lr in $BLOCK_LRS; do echo -n "$RESULTS/l4-d512-v32768-b$b-lr$lr "; done; done)
 deep=""
 if [ -n "$DEEP_SHAPE" ]; then IFS=: read -r dl dd dv <<<"$DEEP_SHAPE"; deep=$RESULTS/l${dl}-d${dd}-v${dv}; fi
 if [ "${SKIP_TRAIN:-0}" != 1 ]; then
   bash benchmarks/distill_h200.sh prepare teacher > "$out/teacher.log" 2>&1
   echo "TEACHER_DONE $(date -u +%T)"
-  for lr in $BLOCK_LRS; do
-    (BLOCK=4 INIT_FROM=$D STEPS=${BLOCK_STEPS:-1000} LR=$lr SUFFIX=-lr$lr SHAPES=4:512:32768 \
-      bash benchmarks/distill_h200.sh train > "$out/train_block_lr$lr.log" 2>&1; echo "BLOCK_DONE $lr $(date -u +%T)") &
-  done
+  for b in $BLOCK_SIZES; do for lr in $BLOCK_LRS; do
+    (BLOCK=$b INIT_FROM=$D STEPS=${BLOCK_STEPS:-1000} LR=$lr SUFFIX=-lr$lr SHAPES=4:512:32768 \
+      bash benchmarks/distill_h200.sh train > "$out/train_block$b-lr$lr.log" 2>&1; echo "BLOCK_DONE $b $lr $(date -u +%T)") &
+  done; done
   if [ -n "$deep" ]; then
     (SHAPES=$DEEP_SHAPE bash benchmarks/distill_h200.sh train > "$out/train_deep.log" 2>&1; echo "DEEP_DONE $(date -u +%T)") &
   fi
