@@ -41,7 +41,7 @@ from dfvg.feature_head import FeatureDrafter, feature_drafter
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
 from dfvg.generate import GenerationResult, HostStep, check_lengths, decode, max_seq_len
-from dfvg.gpu.fast import DeviceRows, DeviceStep, fits_device_step
+from dfvg.gpu.fast import ONE_SEQUENCE, DeviceRows, DeviceStep, fits_device_step
 from dfvg.gpu.graph_drafter import GraphBlockDrafter, GraphDrafter, GraphFeatureDrafter, graph_drafter
 from dfvg.gpu.graphs import GraphVerifier
 from dfvg.gpu.tree_device import DeviceTreeStep, device_tree_prompt_len, fits_device_tree, tree_room, tree_shape
@@ -271,6 +271,9 @@ class Engine:
             raise UserError("a feature head drafts one sequence at a time for now; run it with batch_size 1")
         self._write_features(False)
         shared = drafters[0] if all(d is drafters[0] for d in drafters) else None
+        if len(prompts) > 1 and isinstance(shared, ONE_SEQUENCE):
+            raise UserError("a block drafter on CUDA drafts one sequence at a time: give each prompt its own "
+                            "(Engine.batch_drafters) or run with batch_size 1")
         fits = sampling.greedy and all(fits_device_step(self.verifier, shared, len(p), k) for p in prompts)
         rows = self._device_rows(shared, k, len(prompts)) if fits and (shared is not None or drafters[0] is None) \
             else None

@@ -4,6 +4,7 @@ target on CPU; lossless greedy and sampled, on the eager and the graph paths (CP
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -59,23 +60,28 @@ def test_block_draft_trains_and_its_masks_learn(trained):
 
 def test_training_rows_see_what_drafting_rows_see(trained, setup):
     """Each mask row of the training batch computes what the drafter's real pass computes for that anchor: the
-    committed tokens up to it, then the masks (a leak of a later token, or a wrong position, breaks this)."""
+    committed tokens up to it, then the masks (a leak of a later token, or a wrong position, breaks this). Three
+    sequences of unequal lengths in one right-padded batch: every anchor of each, its teacher rows included."""
     target, model = load_model(setup / "target"), load_model(trained[0])
-    seqs = teacher.generate_all(target, [list(PROMPTS[1])], 12, set(), 8, SamplingParams(), 0, 1, log=lambda line: None)
+    seqs = teacher.generate_all(target, list(PROMPTS), 12, set(), 8, SamplingParams(), 0, 3, log=lambda line: None)
+    seqs = [replace(s, continuation=s.continuation[:n], topk_ids=s.topk_ids[:n], topk_probs=s.topk_probs[:n])
+            for s, n in zip(seqs, (3, 12, 7), strict=True)]  # unequal lengths: padding anchors and rows
     ids, _, mask, _, _ = make_batch(seqs, torch.device("cpu"))
     with torch.no_grad():
         hidden, teacher_rows, _ = block.block_hidden(model, ids, mask)
-        train_logits = model.logits(hidden)[0]
-    width, first = ids.shape[1], len(seqs[0].prompt) - 1
-    full = seqs[0].prompt + seqs[0].continuation
-    for j in (0, 3, 7):
-        anchor = first + j
-        model.setup_cache(1, 64)
-        with torch.no_grad():
-            live = model.feed(full[: anchor + 1] + model.config.mask_ids, 0)[-SIZE:]
-        rows = [anchor] + [width + j * (SIZE - 1) + i for i in range(SIZE - 1)]
-        torch.testing.assert_close(train_logits[rows], live, atol=1e-4, rtol=1e-4)
-        assert int(teacher_rows[0, rows[1]]) == j + 1  # mask 1 of anchor j learns continuation token j + 1
+        train_logits = model.logits(hidden)
+    width, before = ids.shape[1], 0  # before: teacher rows of the earlier sequences
+    for b, seq in enumerate(seqs):
+        full, first, n = seq.prompt + seq.continuation, len(seq.prompt) - 1, len(seq.continuation)
+        for j in range(n):
+            model.setup_cache(1, 64)
+            with torch.no_grad():
+                live = model.feed(full[: first + j + 1] + model.config.mask_ids, 0)[-SIZE:]
+            rows = [first + j] + [width + j * (SIZE - 1) + i for i in range(SIZE - 1)]
+            torch.testing.assert_close(train_logits[b, rows], live, atol=1e-4, rtol=1e-4)
+            want = [before + j + i if j + i < n else -1 for i in range(SIZE)]  # mask i learns token j + i
+            assert teacher_rows[b, rows].tolist() == want
+        before += n
 
 
 def test_exact_acceptance_equals_real_block_steps(trained, setup):
@@ -147,6 +153,8 @@ def test_graph_drafter_and_device_step_equal_the_eager_drafter(trained, setup):
         full = [s.num_accepted for s in want.steps if s.num_drafted == 4]  # the host step drafts fewer at the end
         assert [s.num_accepted for s in fast.steps][: len(full)] == full
     assert any(isinstance(step, DeviceStep) for step in engine.device_steps.values())
+    with pytest.raises(UserError, match="one sequence at a time"):  # its step keeps one sequence's tokens
+        engine.decode_batch([graph_drafter, graph_drafter], [list(PROMPTS[0])] * 2, 8, k=4)
 
 
 def test_a_block_drafter_starts_from_a_chain_draft(setup, trained):
@@ -159,6 +167,18 @@ def test_a_block_drafter_starts_from_a_chain_draft(setup, trained):
     ours, theirs = load_model(setup / "from_chain"), load_model(chain)
     torch.testing.assert_close(ours.layers[0].attention.wqkv.weight, theirs.layers[0].attention.wqkv.weight,
                                atol=1e-2, rtol=1e-2)  # bf16 on disk, one step at lr 1e-9
+
+
+def test_a_block_drafter_of_another_size_is_refused_before_the_teacher_runs(setup, trained):
+    """--init-from a block drafter needs its --block-size (a chain run or another size would not load its masks),
+    refused in one line before the teacher phase generates anything."""
+    for block_size, eval_ks in ((3, (2, 3)), (0, (2, 4))):
+        logged = []
+        with pytest.raises(UserError, match=f"--block-size {SIZE}"):
+            run(options(setup, "wrong_size", block_size=block_size, eval_ks=eval_ks, layers=2, hidden=64,
+                        init_from=str(trained[0])),
+                log=logged.append)
+        assert not any(line.startswith("teacher") for line in logged)
 
 
 def test_the_board_model_drafts_a_block_in_one_pass():

@@ -168,6 +168,9 @@ def check_init_shape(opts: DistillOptions) -> None:
         raise UserError(f"--init-from {opts.init_from}: its shape differs from this run's draft (layers, hidden, "
                         f"head vocabulary {theirs} against {(shape.layers, shape.hidden, shape.head_vocab)}); give "
                         "the --layers, --hidden and --vocab-top it was trained with")
+    if cfg.block_size and cfg.block_size != shape.block_size:  # a chain draft may start a block run, not the reverse
+        raise UserError(f"--init-from {opts.init_from} is a block drafter of size {cfg.block_size}, but this run's "
+                        f"--block-size is {shape.block_size or 'not given'}; pass --block-size {cfg.block_size}")
 
 
 def teacher_dtype(opts: DistillOptions) -> str:
