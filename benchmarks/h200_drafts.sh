@@ -17,7 +17,10 @@
 # over-fitted on 2026-12-07), BLOCK_LRS (default "1e-3 3e-4": a run each, at once; the validation tau in each
 # log's eval lines chooses, the test split and the timed rows are only reported), BLOCK_SIZES (default 4; "4 8":
 # a block drafter of each size K at each learning rate; k above K drafts K), DEEP_SHAPE (default
-# 5:512:32768; '' = no deeper draft), STEPS (the deeper draft's, default 2000), KS (draft lengths timed, default 3,4), SKIP_TRAIN=1 (time drafts already in $RESULTS).
+# 5:512:32768; '' = no deeper draft), STEPS (the deeper draft's, default 2000), KS (draft lengths timed, default 3,4), SKIP_TRAIN=1 (time drafts already in $RESULTS),
+# GPU_TESTS (test files: `pytest -v -m gpu` on them while the teacher and the trainings run, finished before the
+# timing; log gpu_tests.log), MODES (gpu_rows.py --modes after the timing, at MODE_CONTEXTS, default 512,32704;
+# random weights of the target's shapes: issue 16's switches side by side; out modes/).
 # OUT must not be /root/out (the device tool's, emptied each call).
 set -euo pipefail
 chunks=$1
@@ -36,6 +39,11 @@ BLOCK_SIZES=${BLOCK_SIZES:-4}
 blocks=$(for b in $BLOCK_SIZES; do for lr in $BLOCK_LRS; do echo -n "$RESULTS/l4-d512-v32768-b$b-lr$lr "; done; done)
 deep=""
 if [ -n "$DEEP_SHAPE" ]; then IFS=: read -r dl dd dv <<<"$DEEP_SHAPE"; deep=$RESULTS/l${dl}-d${dd}-v${dv}; fi
+if [ -n "${GPU_TESTS:-}" ]; then
+  # shellcheck disable=SC2086
+  (rc=0; python3 -m pytest -v -m gpu -p no:cacheprovider $GPU_TESTS > "$out/gpu_tests.log" 2>&1 || rc=$?
+   echo "GPU_TESTS_DONE rc=$rc $(date -u +%T)") &
+fi
 if [ "${SKIP_TRAIN:-0}" != 1 ]; then
   bash benchmarks/distill_h200.sh prepare teacher > "$out/teacher.log" 2>&1
   echo "TEACHER_DONE $(date -u +%T)"
@@ -50,6 +58,7 @@ if [ "${SKIP_TRAIN:-0}" != 1 ]; then
   for b in $blocks; do cp -f "$b/distill_recipe.json" "$out/$(basename "$b")_recipe.json" || true; done
   [ -z "$deep" ] || cp -f "$deep/distill_recipe.json" "$out/deep_recipe.json" || true
 fi
+wait  # the GPU tests too (SKIP_TRAIN=1): nothing else on the GPU while it is timed
 extra=$(for d in $blocks $deep; do if [ -f "$d/config.json" ]; then echo -n "$d,"; fi; done)  # runs that finished
 python3 benchmarks/gpu_speed.py --phases dfvg --ks "${KS:-3,4}" --one-kernel --trees "" --skip-draft \
   --feature-head $D-fh --distilled-draft $D --extra-drafts "${extra%,}" --gguf-dir /root/cache/gguf \
@@ -57,3 +66,9 @@ python3 benchmarks/gpu_speed.py --phases dfvg --ks "${KS:-3,4}" --one-kernel --t
   2>&1 | grep -v "it/s\]" | tee "$out/speed.log"
 python3 benchmarks/speed_breakdown.py "$out/speed/dfvg.json" | tee "$out/breakdown.txt"
 echo "DRAFTS_DONE $(date -u +%T)"
+if [ -n "${MODES:-}" ]; then
+  rc=0
+  python3 benchmarks/gpu_rows.py --modes-only --mode-contexts "${MODE_CONTEXTS:-512,32704}" --modes "$MODES" \
+    --out "$out/modes" > "$out/modes.log" 2>&1 || rc=$?
+  echo "MODES_DONE rc=$rc $(date -u +%T)"
+fi
