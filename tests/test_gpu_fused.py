@@ -648,6 +648,52 @@ def factored_qkv_checks(device: str) -> list[float]:
     return [len(differ), *gaps, float(not torch.equal(whole, plain))]
 
 
+def few_row_merge_checks(device: str) -> list[float]:
+    """`decode_attention.COMBINE_FEW_ROWS` = 5 (launches of up to 5 rows merge 16 columns a program, larger ones 32)
+    through the fused stack of a small 2-layer model, at a short context (each row's splits merged 16 a step) and a
+    long one (64 a step): [rows of a T-row pass (32 columns) whose logits differ in any bit from one-row passes (16
+    columns), run in order from the same old caches; rows that differ from the same passes with the switch off]."""
+    from dfvg.gpu import decode_attention, fused
+    from dfvg.gpu.block import layer_weights
+    from dfvg.gpu.fused_stack import stack_forward, stack_logits
+
+    model = small_model(32 if device == "cpu" else 128, device)
+    cfg = model.config
+    dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
+    weights = [layer_weights(layer) for layer in model.layers]
+    rows = 6 if device == "cpu" else 64
+    model.setup_cache(1, 1100 + rows)
+    caches = [(layer.attention.kv_cache.k, layer.attention.kv_cache.v) for layer in model.layers]
+    torch.manual_seed(8)
+    old = [(k.normal_().clone(), v.normal_().clone()) for k, v in caches]
+    ids = torch.randint(0, cfg.vocab_size, (1, rows), device=device)
+
+    def run(steps: list[tuple[int, int]], start: int) -> torch.Tensor:
+        for (k, v), (old_k, old_v) in zip(caches, old, strict=True):
+            k.copy_(old_k)
+            v.copy_(old_v)
+        pos, outs = torch.arange(start, start + rows, device=device), []
+        for a, b in steps:
+            counters = fused.new_counters(device)
+            x, scaled = stack_forward(model, weights, dims, model.embed(ids[:, a:b])[0], pos[a:b], counters)
+            outs.append(stack_logits(model, x, counters, scaled))
+        return torch.cat(outs)
+
+    shipped, differ, differ_off = decode_attention.COMBINE_FEW_ROWS, 0, 0
+    with torch.inference_mode():
+        for start in (70, 1100):  # 2 and 18 splits: under and over COMBINE_SHORT
+            try:
+                decode_attention.COMBINE_FEW_ROWS = 5
+                whole, alone = run([(0, rows)], start), run([(i, i + 1) for i in range(rows)], start)
+                decode_attention.COMBINE_FEW_ROWS = None
+                off = run([(i, i + 1) for i in range(rows)], start)
+            finally:
+                decode_attention.COMBINE_FEW_ROWS = shipped
+            differ += sum(not torch.equal(whole[i], alone[i]) for i in range(rows))
+            differ_off += sum(not torch.equal(off[i], alone[i]) for i in range(rows))
+    return [differ, differ_off]
+
+
 def producer_norm_row_failures(device: str, factored: bool = False) -> list[int]:
     """Rows of a layer launch over 16 rows, whose gate/up input the O launch normalized
     (`fused.NORM_IN_PRODUCER_ABOVE` = 16), that differ in any bit from the same token's one-row launch, where gate/up
@@ -729,6 +775,21 @@ def test_factored_qkv_norm_keeps_rows_invariant_on_gpu():
         pytest.skip("needs a CUDA GPU with Triton")
     differ, gap, k_gap, ran = factored_qkv_checks("cuda")
     assert differ == 0 and gap < 2e-2 and k_gap < 2e-2 and ran == 1.0, (differ, gap, k_gap, ran)
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
+def test_few_row_merge_width_keeps_rows_invariant_under_triton_interpreter():
+    """`decode_attention.COMBINE_FEW_ROWS`: a row merged 16 columns a program (one-row passes) or 32 (a 6-row
+    pass) has the same logits, bit for bit, at a short and a long context (the interpreter sums a column alike at
+    any width; the GPU test is the one that can tell)."""
+    assert interpreted("t.few_row_merge_checks('cpu')") == [0.0, 0.0]
+
+
+@pytest.mark.gpu
+def test_few_row_merge_width_keeps_rows_invariant_on_gpu():
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    assert few_row_merge_checks("cuda") == [0, 0]
 
 
 def test_a_one_warp_launch_keeps_gate_ups_own_norm():

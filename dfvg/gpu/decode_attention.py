@@ -233,6 +233,14 @@ ATTENTION_SPLIT = 64  # cache slots per attention program
 COMBINE_SPLITS = 64
 COMBINE_SHORT = 16
 COMBINE_COLUMNS = 32
+# Launches of at most COMBINE_FEW_ROWS rows merge COMBINE_COLUMNS_FEW columns a program (None: COMBINE_COLUMNS at every
+# row count): at a long context a one-row step's 48 merge programs each walk 512 splits. A column's merge does not
+# read the other columns, and whole-model logits were bit-identical with 8, 16 and 32 columns at T = 1..64, so the
+# width may follow T (the GPU invariance test with it on, `test_few_row_merge_width_keeps_rows_invariant_on_gpu`,
+# has still to run). 16 columns at every row count against 32 (H100, RESULTS.md 2026-12-07): ctx 32,704 T = 1
+# 0.956x, T = 5 0.949x, T >= 16 1.02-1.08x; ctx 512 1.003-1.034x. Off until a lease times this split by T.
+COMBINE_FEW_ROWS: int | None = None
+COMBINE_COLUMNS_FEW = 16
 
 
 TILE = 16  # query rows of one attention tile: one token's GQA heads, padded (the smallest MMA height)
@@ -271,6 +279,12 @@ def _programs_wanted(device: torch.device) -> int:
     return ITEMS_PER_SM * _multiprocessors(device)
 
 
+def merge_columns(rows: int) -> int:
+    """Head columns a merge program takes in a launch of `rows` rows (`COMBINE_FEW_ROWS`)."""
+    few = COMBINE_FEW_ROWS is not None and rows <= COMBINE_FEW_ROWS
+    return COMBINE_COLUMNS_FEW if few else COMBINE_COLUMNS
+
+
 def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
               tree: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """q [T, H*hd] (rotated) over cache kc/vc [S, KV, hd] at slots <= pos[t] -> [T, H*hd] bf16.
@@ -292,7 +306,7 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
                                   BM=TILE, BS=ATTENTION_SPLIT, TREE=tree is not None,
                                   DEPTH=anc.shape[-1] if tree else 1, PDL=pdl, num_warps=4, launch_pdl=pdl)
     out = torch.empty_like(q)
-    block_d = min(hd, COMBINE_COLUMNS)
+    block_d = min(hd, merge_columns(rows))
     _attention_combine_kernel[(heads, rows, hd // block_d)](
         pos, m, l_sum, acc, out, rows, HEADS=heads, KV_HEADS=kv_heads, HD=hd, BM=TILE, BS=ATTENTION_SPLIT,
         NS=COMBINE_SPLITS, SHORT=COMBINE_SHORT, BD=block_d, PDL=pdl, TRIGGER=trigger, num_warps=4, launch_pdl=pdl)
