@@ -235,10 +235,11 @@ COMBINE_SHORT = 16
 COMBINE_COLUMNS = 32
 # Launches of at most COMBINE_FEW_ROWS rows merge COMBINE_COLUMNS_FEW columns a program (None: COMBINE_COLUMNS at every
 # row count): at a long context a one-row step's 48 merge programs each walk 512 splits. A column's merge does not
-# read the other columns, and whole-model logits were bit-identical with 8, 16 and 32 columns at T = 1..64, so the
-# width may follow T (the GPU invariance test with it on, `test_few_row_merge_width_keeps_rows_invariant_on_gpu`,
-# has still to run). 16 columns at every row count against 32 (H100, RESULTS.md 2026-12-07): ctx 32,704 T = 1
-# 0.956x, T = 5 0.949x, T >= 16 1.02-1.08x; ctx 512 1.003-1.034x. Off until a lease times this split by T.
+# read the other columns, and whole-model logits were bit-identical with 8, 16 and 32 columns at each T timed (1, 5,
+# 16, 17, 33, 48, 64), so the width may follow T (its GPU invariance test,
+# `test_few_row_merge_width_keeps_rows_invariant_on_gpu`, has still to run). 16 columns at every row count against
+# 32 (H100, RESULTS.md 2026-12-07): ctx 32,704 T = 1 0.956x, T = 5 0.949x, T >= 16 1.02-1.08x; ctx 512
+# 1.003-1.034x. Off until a lease times this split by T.
 COMBINE_FEW_ROWS: int | None = None
 COMBINE_COLUMNS_FEW = 16
 
