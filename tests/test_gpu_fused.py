@@ -7,6 +7,7 @@ Triton's interpreter in a subprocess (TRITON_INTERPRET must be set before Triton
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -284,18 +285,19 @@ def attention_programs(wanted: int | None, programs: int | None = None):
 
 
 @contextlib.contextmanager
-def fused_switch(name: str, value):
-    """`dfvg.gpu.fused.<name>` set to `value` inside the block, then restored: TILE_ROWS (row tiles of 16 as
-    shipped; benchmarks time 32 and 64), STACKED_PAIR (a swapped pair's two weight blocks as one MMA operand),
-    linear_config (the block sizes every launch takes)."""
+def fused_switch(name: str, value, module=None):
+    """`dfvg.gpu.fused.<name>` (or `module`'s) set to `value` inside the block, then restored: TILE_ROWS (row tiles
+    of 16 as shipped; benchmarks time 32 and 64), STACKED_PAIR (a swapped pair's two weight blocks as one MMA
+    operand), linear_config (the block sizes every launch takes), decode_attention's COMBINE_FEW_ROWS."""
     from dfvg.gpu import fused
 
-    shipped = getattr(fused, name)
-    setattr(fused, name, value)
+    module = module or fused
+    shipped = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        setattr(fused, name, shipped)
+        setattr(module, name, shipped)
 
 
 def test_only_unnormalized_swapped_launches_over_the_threshold_take_one_tall_tile():
@@ -604,12 +606,10 @@ def factored_norm_checks(device: str) -> list[float]:
     return [len(failures), gap, float(torch.equal(out, plain)), layer_err, len(rows_off)]
 
 
-def factored_qkv_checks(device: str) -> list[float]:
-    """`fused.FACTORED_QKV_NORM` through the fused stack (`dfvg.gpu.fused_stack`) of a small 2-layer model: [rows of a
-    T-row pass whose logits differ in any bit from one-row passes run in order (each from the same old caches), the
-    relative gap to the pass with the switch off (RMSNorm first in QKV and the LM head) of the logits and of the K
-    that layer 1's QKV wrote (the logits of a model this small hardly see a QKV without its 1/RMS: 0.0195 against
-    0.0052, checked once by hand; its K is off by the RMS), 1.0 if the switch changed some bit (so it ran)]."""
+def stack_passes(device: str, rows: int, cache_len: int, seed: int) -> Callable:
+    """A small 2-layer model through the fused stack (`dfvg.gpu.fused_stack`) from random old caches: run(steps,
+    start) feeds `rows` random tokens at positions start.. in the given (a, b) row slices, in order, each pass from
+    the same old caches, and returns (logits of every row, the K that layer 1 wrote at the rows' positions)."""
     from dfvg.gpu import fused
     from dfvg.gpu.block import layer_weights
     from dfvg.gpu.fused_stack import stack_forward, stack_logits
@@ -618,57 +618,13 @@ def factored_qkv_checks(device: str) -> list[float]:
     cfg = model.config
     dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
     weights = [layer_weights(layer) for layer in model.layers]
-    model.setup_cache(1, 160)
+    model.setup_cache(1, cache_len)
     caches = [(layer.attention.kv_cache.k, layer.attention.kv_cache.v) for layer in model.layers]
-    torch.manual_seed(6)
-    old = [(k.normal_().clone(), v.normal_().clone()) for k, v in caches]
-    rows = 20 if device == "cpu" else 64
-    ids = torch.randint(0, cfg.vocab_size, (1, rows), device=device)
-    pos = torch.arange(70, 70 + rows, device=device)
-
-    def run(steps: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits, the K layer 1 wrote at the rows' positions)."""
-        for (k, v), (old_k, old_v) in zip(caches, old, strict=True):
-            k.copy_(old_k)
-            v.copy_(old_v)
-        outs = []
-        for a, b in steps:
-            counters = fused.new_counters(device)
-            x, scaled = stack_forward(model, weights, dims, model.embed(ids[:, a:b])[0], pos[a:b], counters)
-            outs.append(stack_logits(model, x, counters, scaled))
-        return torch.cat(outs), caches[1][0][0, 70:70 + rows].float()
-
-    with torch.inference_mode():
-        with fused_switch("FACTORED_QKV_NORM", True):
-            (whole, k_whole), (alone, _) = run([(0, rows)]), run([(i, i + 1) for i in range(rows)])
-        with fused_switch("FACTORED_QKV_NORM", False):
-            plain, k_plain = run([(0, rows)])
-    differ = [i for i in range(rows) if not torch.equal(whole[i], alone[i])]
-    gaps = [((a - b).norm() / b.norm()).item() for a, b in ((whole, plain), (k_whole, k_plain))]
-    return [len(differ), *gaps, float(not torch.equal(whole, plain))]
-
-
-def few_row_merge_checks(device: str) -> list[float]:
-    """`decode_attention.COMBINE_FEW_ROWS` = 5 (launches of up to 5 rows merge 16 columns a program, larger ones 32)
-    through the fused stack of a small 2-layer model, at a short context (each row's splits merged 16 a step) and a
-    long one (64 a step): [rows of a T-row pass (32 columns) whose logits differ in any bit from one-row passes (16
-    columns), run in order from the same old caches; rows that differ from the same passes with the switch off]."""
-    from dfvg.gpu import decode_attention, fused
-    from dfvg.gpu.block import layer_weights
-    from dfvg.gpu.fused_stack import stack_forward, stack_logits
-
-    model = small_model(32 if device == "cpu" else 128, device)
-    cfg = model.config
-    dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
-    weights = [layer_weights(layer) for layer in model.layers]
-    rows = 6 if device == "cpu" else 64
-    model.setup_cache(1, 1100 + rows)
-    caches = [(layer.attention.kv_cache.k, layer.attention.kv_cache.v) for layer in model.layers]
-    torch.manual_seed(8)
+    torch.manual_seed(seed)
     old = [(k.normal_().clone(), v.normal_().clone()) for k, v in caches]
     ids = torch.randint(0, cfg.vocab_size, (1, rows), device=device)
 
-    def run(steps: list[tuple[int, int]], start: int) -> torch.Tensor:
+    def run(steps: list[tuple[int, int]], start: int) -> tuple[torch.Tensor, torch.Tensor]:
         for (k, v), (old_k, old_v) in zip(caches, old, strict=True):
             k.copy_(old_k)
             v.copy_(old_v)
@@ -677,18 +633,44 @@ def few_row_merge_checks(device: str) -> list[float]:
             counters = fused.new_counters(device)
             x, scaled = stack_forward(model, weights, dims, model.embed(ids[:, a:b])[0], pos[a:b], counters)
             outs.append(stack_logits(model, x, counters, scaled))
-        return torch.cat(outs)
+        return torch.cat(outs), caches[1][0][0, start:start + rows].float()
+    return run
 
-    shipped, differ, differ_off = decode_attention.COMBINE_FEW_ROWS, 0, 0
+
+def factored_qkv_checks(device: str) -> list[float]:
+    """`fused.FACTORED_QKV_NORM` through the fused stack (`stack_passes`): [rows of a T-row pass whose logits differ
+    in any bit from one-row passes run in order (each from the same old caches), the relative gap to the pass with
+    the switch off (RMSNorm first in QKV and the LM head) of the logits and of the K that layer 1's QKV wrote (the
+    logits of a model this small hardly see a QKV without its 1/RMS: 0.0195 against 0.0052, checked once by hand;
+    its K is off by the RMS), 1.0 if the switch changed some bit (so it ran)]."""
+    rows = 20 if device == "cpu" else 64
+    run = stack_passes(device, rows, 160, seed=6)
+    with torch.inference_mode():
+        with fused_switch("FACTORED_QKV_NORM", True):
+            (whole, k_whole), (alone, _) = run([(0, rows)], 70), run([(i, i + 1) for i in range(rows)], 70)
+        with fused_switch("FACTORED_QKV_NORM", False):
+            plain, k_plain = run([(0, rows)], 70)
+    differ = [i for i in range(rows) if not torch.equal(whole[i], alone[i])]
+    gaps = [((a - b).norm() / b.norm()).item() for a, b in ((whole, plain), (k_whole, k_plain))]
+    return [len(differ), *gaps, float(not torch.equal(whole, plain))]
+
+
+def few_row_merge_checks(device: str) -> list[float]:
+    """`decode_attention.COMBINE_FEW_ROWS` = 5 (launches of up to 5 rows merge 16 columns a program, larger ones 32)
+    through the fused stack (`stack_passes`), at a short context (each row's splits merged 16 a step) and a long one
+    (64 a step): [rows of a T-row pass (32 columns) whose logits differ in any bit from one-row passes (16 columns),
+    run in order from the same old caches; rows that differ from the same passes with the switch off]."""
+    from dfvg.gpu import decode_attention
+
+    rows = 6 if device == "cpu" else 64
+    run = stack_passes(device, rows, 1100 + rows, seed=8)
+    differ, differ_off = 0, 0
     with torch.inference_mode():
         for start in (70, 1100):  # 2 and 18 splits: under and over COMBINE_SHORT
-            try:
-                decode_attention.COMBINE_FEW_ROWS = 5
-                whole, alone = run([(0, rows)], start), run([(i, i + 1) for i in range(rows)], start)
-                decode_attention.COMBINE_FEW_ROWS = None
-                off = run([(i, i + 1) for i in range(rows)], start)
-            finally:
-                decode_attention.COMBINE_FEW_ROWS = shipped
+            with fused_switch("COMBINE_FEW_ROWS", 5, decode_attention):
+                (whole, _), (alone, _) = run([(0, rows)], start), run([(i, i + 1) for i in range(rows)], start)
+            with fused_switch("COMBINE_FEW_ROWS", None, decode_attention):
+                off, _ = run([(i, i + 1) for i in range(rows)], start)
             differ += sum(not torch.equal(whole[i], alone[i]) for i in range(rows))
             differ_off += sum(not torch.equal(off[i], alone[i]) for i in range(rows))
     return [differ, differ_off]
