@@ -20,7 +20,9 @@
 # 5:512:32768; '' = no deeper draft), STEPS (the deeper draft's, default 2000), KS (draft lengths timed, default 3,4), SKIP_TRAIN=1 (time drafts already in $RESULTS),
 # GPU_TESTS (test files: `pytest -v -m gpu` on them while the teacher and the trainings run, finished before the
 # timing; log gpu_tests.log), MODES (gpu_rows.py --modes after the timing, at MODE_CONTEXTS, default 512,32704;
-# random weights of the target's shapes: issue 16's switches side by side; out modes/).
+# random weights of the target's shapes: issue 16's switches side by side; out modes/), FPGA_BLOCK=1 (after the
+# timing: the block run validation chooses on the emulated FPGA datapath, gpu_speed's fpga phase at k = 4, out fpga/;
+# its folder tarred and split in 15 MiB pieces, out ship/, for the device tool's 16 MiB files).
 # OUT must not be /root/out (the device tool's, emptied each call).
 set -euo pipefail
 chunks=$1
@@ -66,6 +68,29 @@ python3 benchmarks/gpu_speed.py --phases dfvg --ks "${KS:-3,4}" --one-kernel --t
   2>&1 | grep -v "it/s\]" | tee "$out/speed.log"
 python3 benchmarks/speed_breakdown.py "$out/speed/dfvg.json" | tee "$out/breakdown.txt"
 echo "DRAFTS_DONE $(date -u +%T)"
+if [ -n "${FPGA_BLOCK:-}" ] && [ -n "$blocks" ]; then
+  # The block run validation chooses (its recipe's validation tau at k = 4), on the emulated FPGA datapath: the
+  # gpu_speed fpga phase (int8, on this GPU) beside its float rows above; then its folder, split for $OUT.
+  chosen=$(python3 - $blocks <<'PY'
+import json, sys
+from pathlib import Path
+runs = [Path(d) for d in sys.argv[1:] if (Path(d) / "distill_recipe.json").is_file()]
+tau = lambda d: json.loads((d / "distill_recipe.json").read_text())["acceptance_after"]["4"]["mean_accepted_length"]
+print(max(runs, key=tau) if runs else "")
+PY
+)
+  echo "FPGA_BLOCK chosen=$chosen $(date -u +%T)"
+  if [ -n "$chosen" ]; then
+    rc=0
+    python3 benchmarks/gpu_speed.py --phases fpga --fpga-ks 4 --one-kernel --skip-draft --distilled-draft "$chosen" \
+      --gguf-dir /root/cache/gguf --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 \
+      --results /root/speed_f --out "$out/fpga" > "$out/fpga.log" 2>&1 || rc=$?
+    mkdir -p "$out/ship" && tar -C "$(dirname "$chosen")" -cf - --exclude='dfvg_fpga_*' "$(basename "$chosen")" | \
+      split -b 15m - "$out/ship/$(basename "$chosen").tar."
+    (cd "$out/ship" && sha256sum ./*.tar.* > sha256.txt)
+    echo "FPGA_BLOCK_DONE rc=$rc $(date -u +%T)"
+  fi
+fi
 if [ -n "${MODES:-}" ]; then
   rc=0
   python3 benchmarks/gpu_rows.py --modes-only --mode-contexts "${MODE_CONTEXTS:-512,32704}" --modes "$MODES" \

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from dfvg.block_draft import BlockDrafter
-from dfvg.checkpoint import is_feature_head, load_config, load_model
+from dfvg.checkpoint import is_feature_head, load_model
 from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import Drafter, TorchDrafter
 from dfvg.errors import UserError
@@ -100,9 +100,6 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
         if uses_graphs(drafter.device, fast):
             return GraphFeatureDrafter(drafter.head, verifier, target_vocab_size, cache_len=DEFAULT_CACHE_LEN)
         return drafter
-    if device == "fpga" and load_config(draft_dir).block_size:
-        raise UserError(f"{draft_dir} is a block drafter (dfvg_block_size), which the FPGA datapath does not run "
-                        "yet; draft on cpu or cuda")
     if device == "fpga":
         return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=target_vocab_size, **fpga_options)
     torch_device = resolve_device(device)

@@ -24,6 +24,7 @@ from dfvg.gpu.fast import DeviceStep
 from dfvg.gpu.graph_drafter import GraphBlockDrafter
 from dfvg.gpu.graphs import GraphVerifier
 from dfvg.sampling import SamplingParams
+from dfvg.stats import mean_accepted_length
 from dfvg.verifier import TorchVerifier
 from tests.stats_helpers import chi_square_p_value, samples_for_power, tilted
 from tests.test_distill import VOCAB, options, peaked_setup
@@ -207,7 +208,7 @@ def test_the_board_model_drafts_a_block_in_one_pass():
 
 def test_dfvg_generate_drafts_with_a_block_folder_and_equals_no_draft(trained, setup, capsys):
     """The product's command: `dfvg generate --draft <block drafter>` gives `--no-draft`'s tokens and accepts
-    drafts; `--draft-device fpga` is refused in one line (the datapath does not run block drafters yet)."""
+    drafts, on a torch device and on the emulated FPGA datapath (`--draft-device fpga`)."""
     from dfvg.cli import main
 
     base = ["generate", "--target", str(setup / "target"), "--prompt-ids", "5,17,99,150,3", "--max-new-tokens", "30",
@@ -217,9 +218,9 @@ def test_dfvg_generate_drafts_with_a_block_folder_and_equals_no_draft(trained, s
     assert main([*base, "--no-draft"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] == spec["tokens"]
     assert spec["stats"]["num_accepted_tokens"] > 0
-    assert main([*base, "--draft", str(trained[0]), "--draft-device", "fpga"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "block drafter" in err
+    assert main([*base, "--draft", str(trained[0]), "--draft-device", "fpga", "--draft-length", "4"]) == 0
+    fpga = json.loads(capsys.readouterr().out)
+    assert fpga["tokens"] == spec["tokens"] and fpga["stats"]["num_accepted_tokens"] > 0
 
 
 @pytest.mark.parametrize("mode", ["sync", "overlap"])
@@ -275,8 +276,10 @@ def test_bad_block_config_and_the_fpga_are_refused_in_one_line(trained, tmp_path
     (broken / "config.json").write_text(json.dumps({**config, "dfvg_block_size": 1}))
     with pytest.raises(UserError, match="dfvg_block_size"):
         load_model(broken)
-    with pytest.raises(UserError, match="FPGA datapath"):
-        make_drafter(trained[0], "fpga", torch.float32, VOCAB)
+    xclbin = tmp_path / "dfvg_draft.xclbin"
+    xclbin.write_bytes(b"not a bitstream")
+    with pytest.raises(UserError, match="emulated FPGA datapath"):  # before any artifact is built
+        make_drafter(trained[0], "fpga", torch.float32, VOCAB, mode="xrt", xclbin=str(xclbin), xrt_backend="simulated")
 
 
 ALPHA = 1e-3
@@ -323,3 +326,52 @@ def test_on_cuda_the_block_drafter_changes_no_token(trained, setup):
         assert fast.tokens == plain and host.tokens == plain
         accepted += fast.stats()["num_accepted_tokens"]
     assert accepted > 0 and any(isinstance(step, DeviceStep) for step in engine.device_steps.values())
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_fpga_datapath_drafts_a_block_in_one_pass(trained, setup, tmp_path, bits):
+    """The emulated FPGA datapath runs a block drafter (int8, or int4 layers): each block is ONE integer pass of the
+    uncached committed ids and k - 1 masks, whose mask slots the next pass overwrites, so each block equals a fresh
+    datapath's single pass over the whole context (a stale mask slot or a wrong position breaks this); output equals
+    plain; the drafts accept about as much as the float block drafter's; the modeled board time is one pass's."""
+    from dfvg.fpga.board.latency import model_block
+    from dfvg.fpga.datapath.drafter import FpgaDrafter, draft_in_one_pass
+    from dfvg.host.pipeline import run_pipeline
+
+    target = TorchVerifier(load_model(setup / "target"))
+    made = [FpgaDrafter.from_checkpoint(trained[0], VOCAB, bits=bits, group_size=16, artifact_dir=tmp_path / "a")
+            for _ in range(2)]
+    fpga, fresh = made
+    passes, blocks = [], 0
+    last_logits, propose = fpga.model.last_logits, fpga.propose
+
+    def counted(ids, start, last):
+        passes.append(last)
+        return last_logits(ids, start, last)
+
+    def checked(context, k, sampling, generator):
+        nonlocal blocks
+        before, blocks = len(passes), blocks + 1
+        block = propose(context, k, sampling, generator)
+        assert passes[before:] == [len(block.tokens)] == [min(k, SIZE)]
+        fresh.model.setup_cache(len(context) + SIZE)
+        assert draft_in_one_pass(fresh.model, list(context), 0, len(block.tokens), VOCAB) == block.tokens
+        assert block.modeled_s > 0
+        return block
+
+    fpga.model.last_logits, fpga.propose = counted, checked
+    steps = {}
+    for name, drafter in (("fpga", fpga), ("float", BlockDrafter(load_model(trained[0]), VOCAB))):
+        steps[name] = []
+        for prompt in PROMPTS:
+            result = generate(target, list(prompt), 30, drafter=drafter, draft_length=4)
+            assert result.tokens == generate(target, list(prompt), 30).tokens
+            steps[name] += result.steps
+    assert blocks == sum(s.num_drafted > 0 for s in steps["fpga"]) > 5  # every block was checked
+    accepted = {name: mean_accepted_length(taken) for name, taken in steps.items()}
+    assert accepted["fpga"] == pytest.approx(accepted["float"], rel=0.03) and accepted["float"] > 1.5
+    one = model_block(fpga.workload, fpga.board, fpga.design, 4, 10, 2, one_pass=True).block_time.value
+    assert fpga.modeled_block_s(4, 10, 2) == pytest.approx(one)
+    for prompt in PROMPTS:  # the overlap schedule (`dfvg run`) asks for k + 1 drafts: the block gives its size
+        overlapped = run_pipeline(target, fresh, list(prompt), 30, draft_length=4, mode="overlap")
+        assert overlapped.tokens == generate(target, list(prompt), 30).tokens

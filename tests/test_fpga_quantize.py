@@ -165,7 +165,7 @@ def test_datapath_switches_tf32_off_while_it_runs(wide_model):
     dm.setup_cache(4)
     seen = []
     original = dm._forward
-    dm._forward = lambda ids, pos: seen.append(torch.backends.cuda.matmul.allow_tf32) or original(ids, pos)
+    dm._forward = lambda ids, pos, last: seen.append(torch.backends.cuda.matmul.allow_tf32) or original(ids, pos, last)
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
         dm.forward(torch.tensor([3, 4]), 0)

@@ -101,6 +101,13 @@ class DatapathKernel:
         return drafts
 
 
+def draft_in_one_pass(model: IntegerDraftModel, new_ids: list[int], start: int, k: int, vocab_limit: int) -> list[int]:
+    """A block drafter's block (dfvg.block_draft): new_ids at positions start.., then k - 1 mask ids, in one pass;
+    the drafts are the greedy tokens of the last real row and of each mask row."""
+    ids = torch.tensor(new_ids + model.config.mask_ids[: k - 1], dtype=torch.long, device=model.device)
+    return model.tokens(model.last_logits(ids, start, k), vocab_limit).tolist()
+
+
 def draft_block(model: IntegerDraftModel, new_ids: list[int], start: int, k: int, vocab_limit: int) -> list[int]:
     """Feed new_ids at positions start.., then draft k greedy tokens, feeding the first k - 1 of them."""
     ids = torch.tensor(new_ids, dtype=torch.long, device=model.device)
@@ -124,6 +131,7 @@ class FpgaDrafter:
         self.board = get_board(board)
         self.design = DesignParams()
         self.cached_len = 0
+        self.block_size = model.config.block_size  # a block drafter drafts up to this many tokens in one pass
 
     @classmethod
     def from_checkpoint(cls, draft_dir: str | Path, target_vocab_size: int | None = None, bits: int = 8,
@@ -137,8 +145,14 @@ class FpgaDrafter:
         with this datapath as the device (the tests do that; no board exists in this project).
         """
         check_options(bits, mode, board, xclbin, xrt_backend, group_size)
-        tensors, meta = load_or_build(draft_dir, bits, group_size, artifact_dir)
         config = load_config(draft_dir)
+        if config.block_size and mode == "xrt":
+            raise UserError(f"{draft_dir} is a block drafter (dfvg_block_size): it runs on the emulated FPGA datapath "
+                            "(--fpga-mode emulate); the dfvg_draft board kernel drafts chains")
+        tensors, meta = load_or_build(draft_dir, bits, group_size, artifact_dir)
+        if config.block_size and "block_masks.weight" not in tensors:
+            raise UserError(f"the FPGA artifact of {draft_dir} has no mask vectors (built before block drafters ran "
+                            "on the datapath); delete its dfvg_fpga_* folder and run again to rebuild it")
         device = resolve_device(emulate_device)
         model = IntegerDraftModel(tensors, config, bits, device)
         vocab_limit = min(target_vocab_size or config.vocab_size, config.vocab_size)
@@ -173,18 +187,28 @@ class FpgaDrafter:
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> DraftBlock:
-        """k greedy drafts after context[-1] (probs None = one-hot), with wall-clock and modeled board time."""
+        """k greedy drafts after context[-1] (probs None = one-hot), with wall-clock and modeled board time. A block
+        drafter drafts min(k, block_size) in one pass; its mask rows' cache slots lie past the committed tokens,
+        so the next block's pass overwrites them (`cached_len` counts committed tokens only)."""
         start = time.perf_counter()
         fed_from = min(self.cached_len, len(context) - 1)  # always feed at least the last token
-        if self.engine is not None:
+        if self.block_size:
+            k = min(k, self.block_size)
+            tokens = draft_in_one_pass(self.model, context[fed_from:], fed_from, k, self.vocab_limit) if k > 0 else []
+            self.cached_len = len(context)
+        elif self.engine is not None:
             tokens = self.engine.run_block(context, k)
+            self.cached_len = len(context) + k - 1
         else:
             tokens = draft_block(self.model, context[fed_from:], fed_from, k, self.vocab_limit)
-        self.cached_len = len(context) + k - 1
+            self.cached_len = len(context) + k - 1
         synchronize(self.device)
         elapsed = time.perf_counter() - start
-        return DraftBlock(tokens, None, elapsed, self.modeled_block_s(k, fed_from, len(context) - fed_from))
+        modeled = self.modeled_block_s(k, fed_from, len(context) - fed_from) if tokens else 0.0
+        return DraftBlock(tokens, None, elapsed, modeled)
 
     def modeled_block_s(self, k: int, context_len: int, new_tokens: int) -> float:
-        """Modeled board time of one block (latency.model_block on this drafter's board and workload)."""
-        return model_block(self.workload, self.board, self.design, k, context_len, new_tokens).block_time.value
+        """Modeled board time of one block (latency.model_block on this drafter's board and workload; a block
+        drafter's is one pass of the new ids and k - 1 masks)."""
+        return model_block(self.workload, self.board, self.design, k, context_len, new_tokens,
+                           one_pass=bool(self.block_size)).block_time.value

@@ -188,22 +188,38 @@ class IntegerDraftModel:
 
     # ------------------------------------------------------------------------------------------ forward
     def embed(self, ids: Tensor) -> Tensor:
-        """ids [T] -> int32 residual [T, D] (per-row int8 embedding requantized to the residual scale)."""
+        """ids [T] -> int32 residual [T, D] (per-row int8 embedding requantized to the residual scale). A block
+        drafter's mask ids (past the vocabulary, `ModelConfig.mask_ids`) take its int8 mask vectors."""
+        vocab = self.config.vocab_size
+        tokens = ids.clamp(max=vocab - 1)
         if "tok_embeddings.token_rows" in self.t:  # an embedding over the head's rows: id -> row first
-            ids = self.t["tok_embeddings.token_rows"][ids].to(torch.long)
-        rows = self.t["tok_embeddings.weight"][ids].to(torch.int64)
-        m, s = self.t["tok_embeddings.multiplier"][ids, None], self.t["tok_embeddings.shift"][ids, None]
-        return fp.rounding_shift(rows * m.to(torch.int64), s).clamp(INT32_MIN, INT32_MAX)
+            tokens = self.t["tok_embeddings.token_rows"][tokens].to(torch.long)
+        x = self._table_rows("tok_embeddings", tokens)
+        if "block_masks.weight" not in self.t:
+            return x
+        offset = (ids - vocab).clamp(0, self.t["block_masks.weight"].shape[0] - 1)
+        return torch.where((ids >= vocab)[:, None], self._table_rows("block_masks", offset), x)
+
+    def _table_rows(self, name: str, rows: Tensor) -> Tensor:
+        """Rows of an int8 table with per-row multipliers -> int32 residual values [T, D]."""
+        t = self.t
+        m, s = t[name + ".multiplier"][rows, None].to(torch.int64), t[name + ".shift"][rows, None]
+        return fp.rounding_shift(t[name + ".weight"][rows].to(torch.int64) * m, s).clamp(INT32_MIN, INT32_MAX)
 
     def forward(self, ids: Tensor, start_pos: int) -> Tensor:
         """Feed ids [T] (long, on this device) at positions start_pos..; -> int32-range logits [V] of the last."""
+        return self.last_logits(ids, start_pos, 1)[0]
+
+    def _forward(self, ids: Tensor, start_pos: int, last: int = 1) -> Tensor:
+        return self._linear32(self._norm(self.layers(ids, start_pos)[-last:], "norm"), "output")
+
+    def last_logits(self, ids: Tensor, start_pos: int, last: int) -> Tensor:
+        """`forward`, with the logits of the last `last` rows [last, V]: a block drafter's pass reads its last
+        real row's and every mask row's."""
         if start_pos + ids.shape[0] > self.max_seq_len:
             raise ValueError(f"positions up to {start_pos + ids.shape[0] - 1} exceed the cache; call setup_cache")
         with tf32_matmuls(False):  # the exact fp32 chunk matmuls of `int_matmul` need full mantissas
-            return self._forward(ids, start_pos)
-
-    def _forward(self, ids: Tensor, start_pos: int) -> Tensor:
-        return self._linear32(self._norm(self.layers(ids, start_pos)[-1:], "norm"), "output")[0]
+            return self._forward(ids, start_pos, last)
 
     def layers(self, ids: Tensor, start_pos: int, tree: TreeLayout | None = None) -> Tensor:
         """Embedding and every decoder layer: ids [T] -> int32 residual [T, D] (K/V written to the cache)."""

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from dfvg.errors import UserError
 from dfvg.fpga.datapath import fixed_point as fp
-from dfvg.model import Transformer
+from dfvg.model import ModelConfig, Transformer
 
 SMOOTH_ALPHA = 0.5
 RESIDUAL_BITS = 20  # calibrated max |residual| -> 2**20: 11 bits of headroom below the int32 limit
@@ -50,6 +50,12 @@ def builtin_calibration(vocab_size: int, num_sequences: int = 2, length: int = 6
             seq.append(state % vocab_size)
         seqs.append(seq)
     return seqs
+
+
+def block_calibration(cfg: ModelConfig, sequences: list[list[int]]) -> list[list[int]]:
+    """A block drafter's calibration feeds each sequence with the mask ids after it, as a drafting pass feeds
+    them (dfvg.block_draft): the mask rows' activations then set the scales too. Other drafts: unchanged."""
+    return [list(s) + cfg.mask_ids for s in sequences] if cfg.block_size else sequences
 
 
 def _absmax_channels(x: Tensor) -> Tensor:
@@ -309,6 +315,10 @@ def _quantize_ends(model: Transformer, stats: dict[str, Tensor], res: float) -> 
         out["output.token_ids"] = model.head_token_ids.to(torch.int32)
     if cfg.embed_rows:  # the embedding has the head's rows: token id -> row, looked up before the table
         out["tok_embeddings.token_rows"] = model.token_rows.to(torch.int32)
+    if cfg.block_size:  # a block drafter's mask vectors: per-row int8 at the residual scale, as embedding rows are
+        mask_q, mask_row = quantize_rows_int8(model.block_masks.detach())
+        out["block_masks.weight"] = mask_q
+        out["block_masks.multiplier"], out["block_masks.shift"] = _multipliers(mask_row / res)
     return out, {"head_in": head_in, "logits": logit_scale}
 
 
@@ -323,7 +333,7 @@ def quantize_model(model: Transformer, bits: int = 8, group_size: int = 128,
     cfg = model.config
     if bits not in (4, 8):
         raise UserError(f"FPGA weight bits must be 8 or 4, got {bits}")
-    sequences = calibration or builtin_calibration(cfg.vocab_size)
+    sequences = block_calibration(cfg, calibration or builtin_calibration(cfg.vocab_size))
     if not inplace:
         model = copy.deepcopy(model)
     smooth(model, calibrate(model, sequences))
