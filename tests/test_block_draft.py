@@ -156,6 +156,12 @@ def test_graph_drafter_and_device_step_equal_the_eager_drafter(trained, setup):
     assert any(isinstance(step, DeviceStep) for step in engine.device_steps.values())
     with pytest.raises(UserError, match="one sequence at a time"):  # its step keeps one sequence's tokens
         engine.decode_batch([graph_drafter, graph_drafter], [list(PROMPTS[0])] * 2, 8, k=4)
+    graph_drafter.confidence_wanted, prompt = True, list(PROMPTS[1])  # as `ConfidenceProbe` sets it
+    eager = BlockDrafter(draft_model, VOCAB)
+    for drafter in (graph_drafter, eager):
+        drafter.prefill(prompt, 64)
+    got, want = (d.propose(prompt, 4, SamplingParams(), None) for d in (graph_drafter, eager))
+    assert got.tokens == want.tokens and got.confidence == pytest.approx(want.confidence, abs=1e-5)
 
 
 def test_a_block_drafter_starts_from_a_chain_draft(setup, trained):

@@ -92,3 +92,24 @@ def test_confidence_threshold_cuts_blocks_and_stays_lossless(tiny_pair, target, 
     drafted = [s.num_drafted for s in result.steps[:-1]]
     assert min(drafted) < 6  # some block was cut at a low-confidence draft
     assert not drafter.model._forward_hooks
+
+
+@pytest.mark.parametrize("mode", ["sync", "overlap"])
+def test_a_graph_drafters_blocks_carry_the_confidence_the_cut_reads(tiny_pair, target, mode):
+    """A graph drafter's replay runs no forward hook, so the probe alone saw nothing and the threshold cut did
+    nothing on the GPU's graph path. Under the probe its blocks carry their drafts' top probabilities (here a CPU
+    replay of the same graph body), so it cuts the blocks the eager drafter cuts, losslessly; after the run the
+    drafter replays its graphs without the extra softmax."""
+    from dfvg.gpu.graph_drafter import GraphDrafter
+
+    graph = GraphDrafter(load_model(tiny_pair[1]), target.vocab_size, compile_blocks=False, fused_layers=False)
+    eager = TorchDrafter(load_model(tiny_pair[1]), target.vocab_size)
+    expected = generate(target, PROMPT, 40, eos_ids=(EOS_ID,)).tokens
+    drafted = {}
+    for name, drafter in (("graph", graph), ("eager", eager)):
+        policy = AdaptiveDraftLength(6, k_max=6, grow=0, shrink=0, threshold=0.2)
+        result = run_pipeline(target, drafter, PROMPT, 40, eos_ids=(EOS_ID,), mode=mode, adaptive=policy)
+        assert result.tokens == expected
+        drafted[name] = [s.num_drafted for s in result.steps]
+    assert drafted["graph"] == drafted["eager"] and min(drafted["graph"][:-1]) < 6
+    assert not graph.confidence_wanted

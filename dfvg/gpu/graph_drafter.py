@@ -35,6 +35,7 @@ class GraphDrafter:
         self.eager = TorchDrafter(model, self.vocab_size)  # sampling path and catch-up of long gaps
         self.min_cache_len = cache_len
         self.cached_len = 0
+        self.confidence_wanted = False  # blocks carry top probabilities (`ConfidenceProbe`: hooks see no replay)
 
     def prefill(self, prompt_ids: list[int], max_seq_len: int) -> None:
         self.gm.ensure_cache(max(max_seq_len, self.min_cache_len))
@@ -60,12 +61,11 @@ class GraphDrafter:
         if not sampling.greedy or length < 2 or length + k > self.gm.scratch_pos or k < 1:
             return self._eager_propose(context, k, sampling, generator)
         self._catch_up(context, length - 2)  # the graph feeds the last two tokens
-        graph = draft_graph(self.gm, k, self.vocab_size)
+        graph = draft_graph(self.gm, k, self.vocab_size, self.confidence_wanted)
         graph.state.copy_(torch.tensor([[context[-2], context[-1], length - 1]]))
         graph.graph.replay()
-        tokens = graph.drafts[0].tolist()
         self.cached_len = length + k - 1
-        return DraftBlock(tokens, None, time.perf_counter() - start)
+        return graph.block(start)
 
     def _eager_propose(self, context: list[int], k: int, sampling: SamplingParams,
                        generator: torch.Generator | None) -> DraftBlock:
@@ -83,13 +83,28 @@ class GraphDrafter:
             self.eager._next_logits(context[self.cached_len : upto], self.cached_len)
 
 
-class _DraftGraph:
+class _Drafts:
+    """A draft graph's outputs: drafts [1, k], and with `confidence` each one's top probability [1, k]."""
+
+    def __init__(self, gm: GraphModel, k: int, confidence: bool):
+        self.drafts = torch.zeros(1, k, dtype=torch.long, device=gm.device)
+        self.confidence = torch.zeros(1, k, device=gm.device) if confidence else None
+
+    def block(self, start: float) -> DraftBlock:
+        """The replayed block (one device-to-host copy each), timed from `start`."""
+        block = DraftBlock(self.drafts[0].tolist(), None, time.perf_counter() - start)
+        block.confidence = None if self.confidence is None else self.confidence[0].tolist()
+        return block
+
+
+class _DraftGraph(_Drafts):
     """k greedy draft steps in one graph: state [1, 3] = [prev_token, last_token, last_pos] -> drafts [1, k]."""
 
-    def __init__(self, gm: GraphModel, k: int, vocab: int):
+    def __init__(self, gm: GraphModel, k: int, vocab: int, confidence: bool = False):
+        super().__init__(gm, k, confidence)
         self.state = torch.tensor([[0, 0, gm.scratch_pos + 1]], dtype=torch.long, device=gm.device)
-        self.drafts = torch.zeros(1, k, dtype=torch.long, device=gm.device)
-        self.graph, _ = gm.capture(("draft", k), lambda: draft_body(gm, self.state, self.drafts, vocab))
+        self.graph, _ = gm.capture(("draft", k, confidence), lambda: draft_body(
+            gm, self.state, self.drafts, vocab, self.confidence))
 
 
 def graph_drafter(model: Transformer, target_vocab_size: int | None = None, **options) -> GraphDrafter:
@@ -98,23 +113,33 @@ def graph_drafter(model: Transformer, target_vocab_size: int | None = None, **op
     return kind(model, target_vocab_size, **options)
 
 
-def draft_body(gm: GraphModel, state: Tensor, drafts: Tensor, vocab: int) -> Tensor:
+def draft_body(gm: GraphModel, state: Tensor, drafts: Tensor, vocab: int, confidence: Tensor | None = None) -> Tensor:
     """Device-only drafting for B rows: each catches up on its [prev, last] at [pos-1, pos], then k-1
-    single-token steps. state [B, 3] = [prev_token, last_token, last_pos] per row; drafts [B, k]."""
+    single-token steps. state [B, 3] = [prev_token, last_token, last_pos] per row; drafts [B, k] (and
+    `confidence` [B, k], if given, their top probabilities)."""
     pos = state[:, 2:3] - 1 + torch.arange(2, device=state.device)  # [B, 2]
-    token = gm.forward_rows(state[:, :2], pos, last_only=True)[:, 0, :vocab].argmax(-1)  # [B]
-    drafts[:, 0].copy_(token)
+    token = take_drafts(gm.forward_rows(state[:, :2], pos, last_only=True)[:, :, :vocab], drafts, confidence, 0)
     for i in range(1, drafts.shape[1]):
-        token = gm.forward_rows(token[:, None], state[:, 2:3] + i, last_only=True)[:, 0, :vocab].argmax(-1)
-        drafts[:, i].copy_(token)
+        logits = gm.forward_rows(token[:, None], state[:, 2:3] + i, last_only=True)[:, :, :vocab]
+        token = take_drafts(logits, drafts, confidence, i)
     return drafts
 
 
-def draft_graph(gm: GraphModel, k: int, vocab: int) -> _DraftGraph:
-    graph = gm.graphs.get(("draft-runner", k))
+def take_drafts(logits: Tensor, drafts: Tensor, confidence: Tensor | None, first: int) -> Tensor:
+    """logits [B, n, V] -> drafts[:, first:first + n] (their argmax) and, if given, confidence there (the top
+    softmax probability, the adaptive draft length's cut); returns the last column's tokens [B]. Graph-safe."""
+    tokens = logits.argmax(-1)
+    drafts[:, first: first + tokens.shape[1]].copy_(tokens)
+    if confidence is not None:
+        confidence[:, first: first + tokens.shape[1]].copy_(torch.softmax(logits.float(), dim=-1).amax(-1))
+    return tokens[:, -1]
+
+
+def draft_graph(gm: GraphModel, k: int, vocab: int, confidence: bool = False) -> _DraftGraph:
+    graph = gm.graphs.get(("draft-runner", k, confidence))
     if graph is None:
-        graph = _DraftGraph(gm, k, vocab)
-        gm.graphs[("draft-runner", k)] = graph
+        graph = _DraftGraph(gm, k, vocab, confidence)
+        gm.graphs[("draft-runner", k, confidence)] = graph
     return graph
 
 
@@ -143,30 +168,30 @@ class GraphBlockDrafter(GraphDrafter):
         if not sampling.greedy or k < 1 or length < k + 1 or length + k > self.gm.scratch_pos:
             return self._eager_propose(context, k, sampling, generator)
         self._catch_up(context, length - k - 1)  # the graph feeds the last k + 1 tokens
-        graph = self._graph(k)
+        graph = self._graph(k, self.confidence_wanted)
         graph.state.copy_(torch.tensor([context[-k - 1:] + [length - k - 1]]))
         graph.graph.replay()
         self.cached_len = length
-        return DraftBlock(graph.drafts[0].tolist(), None, time.perf_counter() - start)
+        return graph.block(start)
 
-    def _graph(self, k: int) -> _BlockGraph:
-        graph = self.gm.graphs.get(("block-runner", k))
+    def _graph(self, k: int, confidence: bool = False) -> _BlockGraph:
+        graph = self.gm.graphs.get(("block-runner", k, confidence))
         if graph is None:
-            graph = _BlockGraph(self.gm, k, self.vocab_size)
-            self.gm.graphs[("block-runner", k)] = graph
+            graph = _BlockGraph(self.gm, k, self.vocab_size, confidence)
+            self.gm.graphs[("block-runner", k, confidence)] = graph
         return graph
 
 
-class _BlockGraph:
+class _BlockGraph(_Drafts):
     """One greedy block in one graph: state [1, k + 2] = [the last k + 1 committed tokens, the first one's
     position] -> drafts [1, k]."""
 
-    def __init__(self, gm: GraphModel, k: int, vocab: int):
+    def __init__(self, gm: GraphModel, k: int, vocab: int, confidence: bool = False):
+        super().__init__(gm, k, confidence)
         self.state = torch.tensor([[0] * (k + 1) + [gm.scratch_pos]], dtype=torch.long, device=gm.device)
-        self.drafts = torch.zeros(1, k, dtype=torch.long, device=gm.device)
         self.masks = mask_tokens(gm, k)
-        self.graph, _ = gm.capture(("block-draft", k), lambda: block_body(
-            gm, self.state[:, :-1], self.state[:, -1:], self.masks, self.drafts, vocab))
+        self.graph, _ = gm.capture(("block-draft", k, confidence), lambda: block_body(
+            gm, self.state[:, :-1], self.state[:, -1:], self.masks, self.drafts, vocab, self.confidence))
 
 
 def mask_tokens(gm: GraphModel, k: int) -> Tensor:
@@ -175,13 +200,15 @@ def mask_tokens(gm: GraphModel, k: int) -> Tensor:
     return torch.tensor(gm.model.config.mask_ids[: k - 1], dtype=torch.long, device=gm.device)
 
 
-def block_body(gm: GraphModel, ids: Tensor, first_pos: Tensor, masks: Tensor, drafts: Tensor, vocab: int) -> Tensor:
+def block_body(gm: GraphModel, ids: Tensor, first_pos: Tensor, masks: Tensor, drafts: Tensor, vocab: int,
+               confidence: Tensor | None = None) -> Tensor:
     """A block drafter's pass for B rows: ids [B, c] at first_pos [B, 1].., then the k - 1 masks [k - 1] after
-    them, in one forward; drafts [B, k] <- the argmax of the last real row and of each mask row. Graph-safe."""
+    them, in one forward; drafts [B, k] <- the argmax of the last real row and of each mask row (and
+    `confidence`, if given, their top probabilities). Graph-safe."""
     c, k = ids.shape[1], drafts.shape[1]
     rows = torch.cat([ids, masks.expand(ids.shape[0], k - 1)], dim=1)
     pos = first_pos + torch.arange(c + k - 1, device=ids.device)
-    drafts.copy_(gm.forward_rows(rows, pos)[:, c - 1:, :vocab].argmax(-1))
+    take_drafts(gm.forward_rows(rows, pos)[:, c - 1:, :vocab], drafts, confidence, 0)
     return drafts
 
 

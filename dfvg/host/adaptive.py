@@ -77,13 +77,17 @@ class ConfidenceProbe:
     """Records the top probability of every forward pass of a torch drafter's model (a context manager).
 
     TorchDrafter.propose(context, k) runs k passes: pass i's logits give draft i, so after a propose the
-    probe holds one value per draft, in order. A drafter without a `model` module records nothing.
+    probe holds one value per draft, in order. A drafter without a `model` module records nothing. A CUDA-graph
+    drafter's replays run no forward hook: while the probe is entered, such a drafter (`confidence_wanted`, also
+    behind a `GuardedDrafter`'s slots) sets its blocks' own `confidence`, which `block_confidence` reads first.
     """
 
     def __init__(self, drafter: Drafter):
         self.module = getattr(drafter, "model", None)
         self.values: list[float] = []
         self._handle = None
+        chain = [drafter, *(slot.drafter for slot in getattr(drafter, "slots", ()))]
+        self.graph_drafters = [d for d in chain if hasattr(d, "confidence_wanted")]
 
     def _hook(self, module: torch.nn.Module, inputs: tuple, logits: Tensor) -> None:
         last = logits[0, -1].float()  # [V]
@@ -92,12 +96,16 @@ class ConfidenceProbe:
     def __enter__(self) -> ConfidenceProbe:
         if isinstance(self.module, torch.nn.Module):
             self._handle = self.module.register_forward_hook(self._hook)
+        for drafter in self.graph_drafters:
+            drafter.confidence_wanted = True
         return self
 
     def __exit__(self, *exc) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        for drafter in self.graph_drafters:
+            drafter.confidence_wanted = False
 
     def clear(self) -> None:
         self.values = []
