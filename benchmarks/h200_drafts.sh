@@ -22,7 +22,8 @@
 # timing; log gpu_tests.log), MODES (gpu_rows.py --modes after the timing, at MODE_CONTEXTS, default 512,32704;
 # random weights of the target's shapes: issue 16's switches side by side; out modes/), FPGA_BLOCK=1 (after the
 # timing: the block run validation chooses on the emulated FPGA datapath, gpu_speed's fpga phase at k = 4, out fpga/;
-# its folder tarred and split in 15 MiB pieces, out ship/, for the device tool's 16 MiB files).
+# its folder tarred and split in 15 MiB pieces, out ship/, for the device tool's 16 MiB files), NCU_ROWS (e.g. "1,5":
+# before the modes, ncu_step.py over the first 14 launches of those steps at NCU_CONTEXT, default 32704; out ncu/).
 # OUT must not be /root/out (the device tool's, emptied each call).
 set -euo pipefail
 chunks=$1
@@ -90,6 +91,12 @@ PY
     (cd "$out/ship" && sha256sum ./*.tar.* > sha256.txt)
     echo "FPGA_BLOCK_DONE rc=$rc $(date -u +%T)"
   fi
+fi
+if [ -n "${NCU_ROWS:-}" ]; then  # ncu counters of the long-context step's first launches (H100s; an H200 says why not)
+  rc=0
+  python3 benchmarks/ncu_step.py --rows "$NCU_ROWS" --kernels 14 --context "${NCU_CONTEXT:-32704}" --out "$out/ncu" \
+    > "$out/ncu.log" 2>&1 || rc=$?
+  echo "NCU_DONE rc=$rc $(date -u +%T)"
 fi
 if [ -n "${MODES:-}" ]; then
   rc=0

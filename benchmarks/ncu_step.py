@@ -76,10 +76,11 @@ COLUMNS = {  # the table's columns: JSON key -> ncu metric (raw page, base units
 CONTEXT = 512
 
 
-def ncu_command(rows: int, kernels: int, log: Path, launch: str | None = None, config: str | None = None) -> list[str]:
-    """ncu over this script's `--target` part for the `rows`-row step: every kernel node of the bracketed replay,
-    or the first `kernels`; with `launch`, that one GEMV launch (and `config`), its source counters and a report
-    file beside `log`. Its CSV and its own messages go to `log`."""
+def ncu_command(rows: int, kernels: int, log: Path, launch: str | None = None, config: str | None = None,
+                context: int = CONTEXT) -> list[str]:
+    """ncu over this script's `--target` part for the `rows`-row step at `context` cached tokens: every kernel node
+    of the bracketed replay, or the first `kernels`; with `launch`, that one GEMV launch (and `config`), its source
+    counters and a report file beside `log`. Its CSV and its own messages go to `log`."""
     command = ["ncu", "--clock-control", "none", "--graph-profiling", "node", "--profile-from-start", "off",
                "--print-units", "base", "--csv", "--page", "raw", "--log-file", str(log),
                "--metrics", ",".join(EXTRA_METRICS)]
@@ -92,7 +93,7 @@ def ncu_command(rows: int, kernels: int, log: Path, launch: str | None = None, c
         return command + target + ["--launch", launch] + (["--config", config] if config else [])
     if kernels > 0:
         command += ["--launch-count", str(kernels)]
-    return command + target
+    return command + target + ["--context", str(context)]
 
 
 def number(text: str) -> float | str:
@@ -169,12 +170,12 @@ def print_table(table: list[dict]) -> None:
               f"{r['top_stall'] or '-'}")
 
 
-def profiled_part(rows: int) -> None:
-    """Inside ncu: capture the `rows`-row step graph, replay it once warm, then once between
-    cudaProfilerStart/Stop (the replay ncu profiles)."""
+def profiled_part(rows: int, context: int = CONTEXT) -> None:
+    """Inside ncu: capture the `rows`-row step graph at `context` cached tokens, replay it once warm, then once
+    between cudaProfilerStart/Stop (the replay ncu profiles)."""
     gm = GraphModel(random_model(SHAPES["qwen2.5-coder-1.5b"]), compile_blocks=False, fused_layers=True)
-    gm.ensure_cache(CONTEXT + rows)
-    graph = step_graph(gm, rows, CONTEXT)
+    gm.ensure_cache(context + rows)
+    graph = step_graph(gm, rows, context)
     graph.replay()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
@@ -239,11 +240,12 @@ def ncu_message(log: str, stderr: str) -> str:
 
 
 def profile(rows: int, kernels: int, out: Path, copy_tb_s: float, launch: str | None = None,
-            config: dict | None = None) -> list[dict]:
-    """One ncu run over the `rows`-row step, or `launch` alone -> its table (exits with ncu's message where
-    nothing was profiled)."""
-    log = out / (f"ncu_launch_{launch}{config_tag(config)}_T{rows}.csv" if launch else f"ncu_step_T{rows}.csv")
-    command = ncu_command(rows, kernels, log, launch, json.dumps(config) if config else None)
+            config: dict | None = None, context: int = CONTEXT) -> list[dict]:
+    """One ncu run over the `rows`-row step at `context`, or `launch` alone -> its table (exits with ncu's message
+    where nothing was profiled)."""
+    step = f"ncu_step_T{rows}" + (f"_ctx{context}" if context != CONTEXT else "")
+    log = out / (f"ncu_launch_{launch}{config_tag(config)}_T{rows}.csv" if launch else f"{step}.csv")
+    command = ncu_command(rows, kernels, log, launch, json.dumps(config) if config else None, context)
     done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "LC_ALL": "C"})  # "1,234.5", not "1.234,5"
     text = log.read_text() if log.exists() else ""
@@ -274,16 +276,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--launch", choices=tuple(shapes(SHAPES["qwen2.5-coder-1.5b"])),
                    help="profile this one GEMV launch instead of the step, with its source counters")
     p.add_argument("--config", type=block_config, help="with --launch: its block sizes, e.g. '{\"BK\": 128}'")
+    p.add_argument("--context", type=int, default=CONTEXT,
+                   help=f"cached tokens of the profiled step (default {CONTEXT}; the target's limit is 32,768)")
     p.add_argument("--target", action="store_true", help=argparse.SUPPRESS)  # the part ncu runs
     args = p.parse_args(argv)
     if args.config and not args.launch:
         p.error("--config goes with --launch")
+    if not 1 <= args.context <= 32768 - 64 or (args.launch and args.context != CONTEXT):
+        p.error(f"--context must be in 1..32704 (a step of up to 64 rows fits 32,768), without --launch; got "
+                f"{args.context}")
     if args.target:
         [rows] = args.rows
         if args.launch:
             profiled_launch(rows, args.launch, args.config)
         else:
-            profiled_part(rows)
+            profiled_part(rows, args.context)
         return
     if shutil.which("ncu") is None:
         sys.exit("ncu_step.py needs Nsight Compute's ncu on the PATH (it is on the device machines, not here)")
@@ -291,11 +298,12 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     copy_tb_s, gpu = (args.copy_tb_s, None) if args.copy_tb_s else default_copy_tb_s()
     table = [entry for rows in args.rows
-             for entry in profile(rows, args.kernels, out, copy_tb_s, args.launch, args.config)]
+             for entry in profile(rows, args.kernels, out, copy_tb_s, args.launch, args.config, args.context)]
     print_table(table)
-    name = f"ncu_launch_{args.launch}{config_tag(args.config)}.json" if args.launch else "ncu_step.json"
+    step = "ncu_step" + (f"_ctx{args.context}" if args.context != CONTEXT else "")
+    name = f"ncu_launch_{args.launch}{config_tag(args.config)}.json" if args.launch else f"{step}.json"
     (out / name).write_text(json.dumps(
-        {"gpu": gpu, "rows": args.rows, "context": None if args.launch else CONTEXT, "launch": args.launch,
+        {"gpu": gpu, "rows": args.rows, "context": None if args.launch else args.context, "launch": args.launch,
          "config": args.config, "config_used": launch_config(args.launch, args.config) if args.launch else None,
          "kernels_profiled": len(table), "sections": SECTIONS,
          "copy_tb_s": copy_tb_s, "launches": table,

@@ -58,6 +58,7 @@ def test_the_ncu_command_profiles_graph_nodes_of_the_bracketed_replay(tmp_path):
                  "--metrics dram__bytes_read.sum,dram__bytes_write.sum"):
         assert flag in text
     assert "--launch-count" not in ncu_step.ncu_command(1, 0, tmp_path / "log.csv")  # 0: every kernel
+    assert ncu_step.ncu_command(1, 12, tmp_path / "log.csv", context=32704)[-2:] == ["--context", "32704"]
 
 
 def test_refusals_are_one_line(monkeypatch, capsys, tmp_path):
@@ -69,6 +70,11 @@ def test_refusals_are_one_line(monkeypatch, capsys, tmp_path):
         ncu_step.main(["--rows", "1,65"])
     err = capsys.readouterr().err
     assert "row counts 1..64" in err and "\n" not in err.strip()
+    for bad in (["--context", "32705"], ["--context", "2048", "--launch", "w13"]):
+        with pytest.raises(SystemExit):
+            ncu_step.main(bad)
+        err = capsys.readouterr().err
+        assert "--context must be in 1..32704" in err and "\n" not in err.strip()
 
 
 def test_one_launch_is_profiled_alone_with_its_source_and_a_report(tmp_path):
