@@ -113,3 +113,27 @@ def test_a_graph_drafters_blocks_carry_the_confidence_the_cut_reads(tiny_pair, t
         drafted[name] = [s.num_drafted for s in result.steps]
     assert drafted["graph"] == drafted["eager"] and min(drafted["graph"][:-1]) < 6
     assert not graph.confidence_wanted
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_graph_drafters_blocks_carry_the_eager_confidence(tiny_pair):
+    """The captured graph's softmax gives the eager drafter's top probabilities (float32 on CUDA), beside the same
+    drafts; with the flag off its blocks carry none (the plain graph)."""
+    from dfvg.engine import make_drafter
+    from dfvg.gpu.graph_drafter import GraphDrafter
+
+    vocab = load_model(tiny_pair[0]).config.vocab_size
+    graph = make_drafter(tiny_pair[1], "cuda", torch.float32, vocab)
+    assert isinstance(graph, GraphDrafter)
+    eager = TorchDrafter(load_model(tiny_pair[1], device="cuda"), vocab)
+    for drafter in (graph, eager):
+        drafter.prefill(PROMPT, 128)
+    graph.confidence_wanted = True
+    got = graph.propose(PROMPT, 4, SamplingParams(), None)
+    with ConfidenceProbe(eager) as probe:
+        want = eager.propose(PROMPT, 4, SamplingParams(), None)
+    assert got.tokens == want.tokens and got.confidence == pytest.approx(block_confidence(want, probe), abs=1e-3)
+    graph.confidence_wanted = False
+    graph.rollback(len(PROMPT))
+    assert graph.propose(PROMPT, 4, SamplingParams(), None).confidence is None
