@@ -37,7 +37,7 @@ from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import Drafter, TorchDrafter
 from dfvg.errors import UserError
 from dfvg.fallback import FaultInjection, FaultPolicy, GuardedDrafter, Slot
-from dfvg.feature_head import FeatureDrafter, feature_drafter
+from dfvg.feature_head import BlockFeatureDrafter, FeatureDrafter, feature_drafter
 from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
 from dfvg.generate import GenerationResult, HostStep, check_lengths, decode, max_seq_len
@@ -97,6 +97,8 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
                                                   target_vocab_size=target_vocab_size, **fpga_options)
     if head:
         drafter = feature_drafter(draft_dir, device, dtype, verifier)
+        if isinstance(drafter, BlockFeatureDrafter):  # eager on every device: no graph of its pass yet
+            return drafter
         if uses_graphs(drafter.device, fast):
             return GraphFeatureDrafter(drafter.head, verifier, target_vocab_size, cache_len=DEFAULT_CACHE_LEN)
         return drafter

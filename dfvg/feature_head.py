@@ -98,11 +98,13 @@ def load_feature_head(path: str | Path, dtype: torch.dtype = torch.float32, devi
 
 
 def feature_drafter(path: str | Path, device: str, dtype: torch.dtype, verifier) -> FeatureDrafter:
-    """The drafter of a feature head's folder on a torch device, reading `verifier`'s features."""
+    """The drafter of a feature head's folder on a torch device, reading `verifier`'s features (a block feature
+    head's, whose body is a block drafter: `BlockFeatureDrafter`)."""
     if verifier is None:
         raise UserError(f"{path} is a feature head: it needs the target it reads features from")
     head = load_feature_head(path, dtype, resolve_device(device), verifier.model.config.hidden_size)
-    return FeatureDrafter(head, verifier, verifier.vocab_size)
+    kind = BlockFeatureDrafter if head.body.config.block_size else FeatureDrafter
+    return kind(head, verifier, verifier.vocab_size)
 
 
 def save_head_parts(head: FeatureHead, directory: Path, dtype: torch.dtype = torch.float32) -> None:
@@ -213,3 +215,40 @@ class FeatureDrafter(FeatureCatchUp):
         last = torch.tensor([len(tokens) - 1], device=self.device)
         logits, predicted = self.head(ids, positions, features[None], rows=last)
         return fit_vocab(logits[0, -1], self.vocab_size), predicted[0, -1]
+
+
+class BlockFeatureDrafter(FeatureDrafter):
+    """A block feature head (its body a block drafter, dfvg.block_draft) on a torch device: one pass per block.
+
+    The committed positions not yet fed read the target's features, then min(k, block_size) - 1 mask tokens read
+    zeros (no predicted features): every row of the pass is what training computed teacher forced
+    (dfvg.distill.block), and the drafts are the last real row's and each mask row's. The masks' cache slots lie
+    past the committed tokens (`true_len` counts committed tokens only), so the next pass overwrites them."""
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> DraftBlock:
+        start = time.perf_counter()
+        body = self.head.body.config
+        k = min(k, body.block_size)
+        if k < 1:
+            return DraftBlock([], None, time.perf_counter() - start)
+        fed_from = min(self.true_len, len(context) - 1)  # always feed at least the last token
+        true = self._true_features(fed_from, len(context))
+        features = torch.cat([true, true.new_zeros(k - 1, true.shape[1])])
+        logits = self._last_rows(context[fed_from:] + body.mask_ids[: k - 1], fed_from, features, k)
+        self.cached_len = self.true_len = len(context)
+        later_rows = iter(logits[1:])  # each draft's distribution is its own row's, whatever the drafts before it
+        tokens, probs = sample_block(logits[0], k, sampling, generator, lambda _token: next(later_rows))
+        synchronize(self.device)
+        block = DraftBlock(tokens, probs, time.perf_counter() - start)
+        block.confidence = torch.softmax(logits.float(), dim=-1).max(dim=-1).values.tolist()  # the adaptive cut's
+        return block
+
+    def _last_rows(self, tokens: list[int], start_pos: int, features: Tensor, count: int) -> Tensor:
+        """Feed tokens at start_pos.. with their features [T, H]: logits [count, V] of the last count rows."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        positions = torch.arange(start_pos, start_pos + len(tokens), device=self.device)[None]
+        rows = torch.arange(len(tokens) - count, len(tokens), device=self.device)
+        logits, _ = self.head(ids, positions, features[None], rows=rows)
+        return fit_vocab(logits[0], self.vocab_size)

@@ -264,7 +264,6 @@ def test_a_tree_grows_on_the_block_drafters_chain_rows_and_the_adaptive_length_r
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    (dict(block_size=4, feature_head=True), "--feature-head"),
     (dict(block_size=2, eval_ks=(2, 4)), "--eval-k"),
     (dict(block_size=1), "--block-size"),
 ])

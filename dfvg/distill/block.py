@@ -1,9 +1,16 @@
 """Training and exact greedy acceptance of a block drafter (dfvg.block_draft): k tokens from one pass.
 
 What this module owns: the teacher-forced batch with mask rows (`block_batch`), the loss over it
-(`block_loss`), and the block drafter's exact acceptance on held-out continuations (`block_matches`, whose
-rows `evaluate.steps_over` walks as generation steps, and `block_table`). What it does not own: the
-training loop (train.py), the data (teacher.py).
+(`block_loss`; a block feature head's: `block_feature_loss`), and the block drafter's exact acceptance on
+held-out continuations (`block_matches`, whose rows `evaluate.steps_over` walks as generation steps, and
+`block_table`). What it does not own: the training loop (train.py), the data (teacher.py), the target's features
+(feature.py).
+
+A block feature head (a `FeatureHead` whose body is a block drafter; dfvg.feature_head.BlockFeatureDrafter)
+trains on the same rows: a real row at position p reads the target's f_{p-1}, a mask row reads zeros (no
+predicted features), so its drafting pass is teacher forced too and `block_matches` stays exact for it. Its loss
+adds the head's feature regression on the real rows (feature.py's pass 0); there is no unrolled pass, since no
+row reads a prediction.
 
 The objective (PARD's, on DistillSpec's data): every row that predicts a continuation token is an anchor;
 after the real rows, each anchor t gets K - 1 mask rows at positions t + 1 .. t + K - 1, and mask j learns
@@ -21,11 +28,14 @@ prediction at row j and its i-th mask row sees c[:j] only, so both are read off 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from dfvg.distill.evaluate import steps_over, steps_table
+from dfvg.distill.feature import FEATURE_WEIGHT, TargetFeatures, cache_budget, shifted
 from dfvg.distill.teacher import TeacherSequence
 from dfvg.distill.train import BatchLoss, distill_loss, make_batch
+from dfvg.feature_head import FeatureHead
 from dfvg.model import Transformer
 
 
@@ -61,16 +71,22 @@ def block_batch(ids: Tensor, mask: Tensor, block_size: int,
     return out_ids, positions, (sees_real | sees_mask)[:, None], torch.cat([teacher, target.flatten(1)], 1)
 
 
-def block_hidden(model: Transformer, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def block_hidden(model: Transformer | FeatureHead, ids: Tensor, mask: Tensor,
+                 features: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The draft's final hidden states over a block batch, with a fresh cache: ([B, R, D], teacher rows [B, R],
-    positions [B, R])."""
-    cfg = model.config
+    positions [B, R]). A block feature head needs `features`, the target's f [B, T, H] of the batch's real rows:
+    real row p reads f_{p-1}, every mask row zeros."""
+    body = model.body if isinstance(model, FeatureHead) else model
+    cfg = body.config
     out_ids, positions, attention, teacher = block_batch(ids, mask, cfg.block_size, cfg.mask_ids)
     rows = out_ids.shape[1]
-    model.max_batch = model.max_seq_len = 0  # no autograd history from the last step's cache
-    model.setup_cache(ids.shape[0], rows)
+    body.max_batch = body.max_seq_len = 0  # no autograd history from the last step's cache
+    body.setup_cache(ids.shape[0], rows)
     slots = torch.arange(rows, device=ids.device).expand_as(out_ids)
-    return model.run_layers(model.embed(out_ids), positions, slots, attention), teacher, positions
+    if not isinstance(model, FeatureHead):
+        return model.run_layers(model.embed(out_ids), positions, slots, attention), teacher, positions
+    inputs = F.pad(shifted(features), (0, 0, 0, rows - ids.shape[1]))  # the mask rows' features: zeros
+    return model.states(out_ids, positions, inputs, slots, attention), teacher, positions
 
 
 def block_loss(rows: Tensor) -> BatchLoss:
@@ -84,19 +100,46 @@ def block_loss(rows: Tensor) -> BatchLoss:
     return loss
 
 
+def block_feature_loss(target: Transformer, rows: Tensor, weight: float = FEATURE_WEIGHT,
+                       cache_bytes: int | None = None) -> BatchLoss:
+    """A block feature head's loss (module docstring): `block_loss`'s token loss over real and mask rows, reading
+    the frozen target's features (kept as `feature.feature_loss` keeps them), plus `weight` x the smooth L1 of the
+    real rows' predicted features against the target's, both over the features' RMS."""
+    device = target.tok_embeddings.weight.device
+    features_of = TargetFeatures(target, cache_budget(device) if cache_bytes is None else cache_bytes)
+
+    def loss(head: FeatureHead, ids: Tensor, positions: Tensor, mask: Tensor, topk_ids: Tensor,
+             topk_probs: Tensor) -> Tensor:
+        features = features_of.batch(ids, mask)
+        hidden, teacher, _ = block_hidden(head, ids, mask, features)
+        keep = teacher >= 0
+        tokens = distill_loss(head.body.head_logits(hidden[keep]), topk_ids[teacher[keep]],
+                              topk_probs[teacher[keep]], rows)
+        scale = features[mask].pow(2).mean().sqrt().clamp_min(1e-6)
+        predicted = head.predict(hidden[:, : ids.shape[1]][mask])
+        return tokens + weight * F.smooth_l1_loss(predicted / scale, features[mask] / scale)
+    return loss
+
+
 @torch.no_grad()
-def block_matches(model: Transformer, sequences: list[TeacherSequence], batch_size: int = 8) -> list[Tensor]:
+def block_matches(model: Transformer | FeatureHead, sequences: list[TeacherSequence], batch_size: int = 8,
+                  target: Transformer | None = None) -> list[Tensor]:
     """Per sequence, bool [n, K]: entry [j, i] says the block drafted after committed c[:j] has c[j + i] as
-    its token i (i = 0: the chain prediction; False past the continuation's end)."""
-    device = model.tok_embeddings.weight.device
-    size, out = model.config.block_size, []
+    its token i (i = 0: the chain prediction; False past the continuation's end). A block feature head reads
+    `target`'s features of each sequence, as training computes them."""
+    head = model if isinstance(model, FeatureHead) else None
+    body = model.body if head is not None else model
+    features_of = TargetFeatures(target, budget=0) if head is not None else None
+    device = body.tok_embeddings.weight.device
+    size, out = body.config.block_size, []
     for start in range(0, len(sequences), batch_size):
         chunk = sequences[start : start + batch_size]
         ids, _, mask, _, _ = make_batch(chunk, device)
-        hidden, teacher, _ = block_hidden(model, ids, mask)
-        predicted = model.head_logits(hidden).argmax(-1)  # [B, R] head rows (ascending ids: ties as over V)
-        if model.config.head_vocab_size:
-            predicted = model.head_token_ids[predicted]
+        features = features_of.batch(ids, mask) if head is not None else None
+        hidden, teacher, _ = block_hidden(model, ids, mask, features)
+        predicted = body.head_logits(hidden).argmax(-1)  # [B, R] head rows (ascending ids: ties as over V)
+        if body.config.head_vocab_size:
+            predicted = body.head_token_ids[predicted]
         truth = torch.cat([torch.tensor(s.continuation, device=device) for s in chunk])
         right = torch.where(teacher >= 0, predicted == truth[teacher.clamp_min(0)], False)  # [B, R]
         width = ids.shape[1]

@@ -109,9 +109,9 @@ class DistillOptions:
                             f"{self.feature_weight}")
         self.checkpointing().check()
         self.shape()
-        if self.block_size and (self.feature_head or max(self.eval_ks) > self.block_size):
-            raise UserError(f"--block-size {self.block_size} trains a standalone draft that drafts at most that many "
-                            "tokens a pass: drop --feature-head, and keep every --eval-k <= --block-size")
+        if self.block_size and max(self.eval_ks) > self.block_size:
+            raise UserError(f"--block-size {self.block_size} trains a draft that drafts at most that many tokens a "
+                            "pass: keep every --eval-k <= --block-size")
 
     def checkpointing(self) -> resume.Checkpointing:
         directory = self.checkpoint_dir or self.resume
@@ -248,7 +248,12 @@ def acceptance(model, seqs: list[teacher.TeacherSequence], opts: DistillOptions,
     name per sequence, e.g. its prompt source): (that table, {name: the table of its sequences}) from the same
     one pass."""
     ks = list(opts.eval_ks)
-    if isinstance(model, FeatureHead):
+    if isinstance(model, FeatureHead) and model.body.config.block_size:  # teacher forced: exact, as a block's
+        matches = block.block_matches(model, seqs, target=target)
+
+        def table(rows):
+            return block.block_table([matches[i] for i in rows], ks, opts.max_new_tokens)
+    elif isinstance(model, FeatureHead):
         per_seq = feature.sequence_steps(model, target, seqs, ks, opts.max_new_tokens)
 
         def table(rows):
@@ -276,13 +281,15 @@ def source_of(prompt: data.Prompt) -> str:
 
 def as_feature_head(opts: DistillOptions, body, basis, rows, device) -> tuple[FeatureHead, object, train.BatchLoss]:
     """--feature-head: the body wrapped in a `FeatureHead`, the frozen target that gives its features (in the
-    teacher's dtype), and the loss that reads them."""
+    teacher's dtype), and the loss that reads them (a block feature head's with --block-size)."""
     target = load_model(opts.target, dtype=getattr(torch, teacher_dtype(opts)), device=device)
     head = FeatureHead(body, target.config.hidden_size)
     if opts.init_from and is_feature_head(opts.init_from):
         feature.load_projections(head, opts.init_from)
     else:
         feature.init_projections(head, basis, opts.seed, feature_in=not opts.init_from)
+    if opts.block_size:
+        return head, target, block.block_feature_loss(target, rows, opts.feature_weight)
     return head, target, feature.feature_loss(target, rows, opts.feature_unroll, opts.feature_weight)
 
 
@@ -291,8 +298,8 @@ def what_trains(opts: DistillOptions, body, basis, rows, device) -> tuple:
     draft's; the loss's knobs, which a resumed run must share): a chain draft, a feature head or a block drafter."""
     if opts.feature_head:
         head, target, loss = as_feature_head(opts, body, basis, rows, device)
-        return head.to(device), target, loss, {"feature_unroll": opts.feature_unroll,
-                                               "feature_weight": opts.feature_weight}
+        knobs = {"feature_unroll": opts.feature_unroll, "feature_weight": opts.feature_weight}
+        return head.to(device), target, loss, knobs | ({"block_size": opts.block_size} if opts.block_size else {})
     if opts.block_size:
         return body.to(device), None, block.block_loss(rows), {"block_size": opts.block_size}
     return body.to(device), None, None, {}
@@ -344,7 +351,7 @@ def run(opts: DistillOptions, log=print) -> dict:
                 "losses": state.losses, **splits}
     after = acceptance(model, val_seqs, opts, target)
     test, by_source = acceptance(model, test_seqs, opts, target, [source_of(p) for p in test_prompts])
-    how = "replayed with the target's features" if opts.feature_head else "teacher-forced exact"
+    how = "replayed with the target's features" if opts.feature_head and not opts.block_size else "teacher-forced exact"
     for k in opts.eval_ks:
         log(f"eval (measured, greedy, {how}): k={k} validation acceptance "
             f"{before[k]['acceptance_rate']:.3f} -> {after[k]['acceptance_rate']:.3f}, tau "

@@ -74,6 +74,9 @@ class FpgaFeatureDrafter(FeatureCatchUp):
         check_options(bits, mode, board, xclbin, xrt_backend, group_size)
         if verifier is None:
             raise UserError(f"{head_dir} is a feature head: it needs the target it reads features from")
+        if load_config(head_dir).block_size:
+            raise UserError(f"{head_dir} is a block feature head (dfvg_block_size), which the FPGA datapath does not "
+                            "run yet; draft with it on cpu or cuda")
         tensors, meta = load_or_build_head(head_dir, target_dir, bits, group_size, predict_bits, artifact_dir)
         model = IntegerFeatureHead(tensors, load_config(head_dir), bits, resolve_device(emulate_device))
         return cls(model, meta, verifier, target_vocab_size, board, group_size)

@@ -1,0 +1,110 @@
+"""The block feature head (dfvg.feature_head.BlockFeatureDrafter, dfvg.distill.block's feature loss): a feature head
+whose body is a block drafter, so a block is one pass (its committed rows read the target's features, its mask rows
+read none), trained on a tiny peaked target on CPU.
+
+- it trains: the loss falls, validation acceptance rises and its mask rows learn;
+- its logged acceptance is exact: the teacher-forced replay (`block.block_matches` with the target's features)
+  equals real `generate` runs with the drafter, step for step;
+- decoding with it is lossless at every draft length, one head pass per block, through the CLI too;
+- it runs eagerly on every torch device (no graph of its pass yet) and the FPGA datapath refuses it in one line.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dfvg.checkpoint import load_config, load_model
+from dfvg.distill import block, evaluate, teacher
+from dfvg.distill.pipeline import run
+from dfvg.engine import make_drafter
+from dfvg.errors import UserError
+from dfvg.feature_head import BlockFeatureDrafter, load_feature_head
+from dfvg.generate import generate
+from dfvg.sampling import SamplingParams
+from dfvg.verifier import TorchVerifier
+from tests.test_distill import VOCAB, options, peaked_setup
+
+SIZE = 4
+PROMPTS = ([5, 17, 99], [150, 3, 42, 42, 7, 60], [9, 9, 31, 4, 77])
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return peaked_setup(tmp_path_factory.mktemp("block-head"))
+
+
+@pytest.fixture(scope="module")
+def trained(setup):
+    summary = run(options(setup, "block-head", feature_head=True, block_size=SIZE, eval_ks=(2, 4), layers=2,
+                          hidden=64, steps=150, lr=1e-2), log=lambda line: None)
+    return setup / "block-head", summary
+
+
+def drafter_for(path, setup, verifier=None):
+    verifier = verifier or TorchVerifier(load_model(setup / "target"))
+    return verifier, make_drafter(path, "cpu", torch.float32, VOCAB, verifier=verifier)
+
+
+def test_the_block_head_trains_and_its_masks_learn(trained):
+    path, summary = trained
+    losses = summary["losses"]
+    assert sum(losses[-10:]) / 10 < 0.7 * sum(losses[:10]) / 10
+    before, after = summary["acceptance_before"][4], summary["acceptance_after"][4]
+    assert after["mean_accepted_length"] > before["mean_accepted_length"] + 0.3
+    assert after["per_position_acceptance"][1] > 0.05  # the first mask's token: 0 before training
+    assert load_config(path).block_size == SIZE and summary["feature_head"]["feature_bytes_per_token_bf16"] > 0
+
+
+def test_exact_acceptance_equals_real_block_steps(trained, setup):
+    """The replay reads the target's teacher-forced features; the drafter reads what the verifier wrote. Mask rows
+    read no predicted features, so the two see the same rows: the steps must agree exactly (a leak of a later
+    feature, a mask row reading a prediction, or a wrong position breaks this)."""
+    target_model = load_model(setup / "target")
+    seqs = teacher.generate_all(target_model, list(PROMPTS), 20, set(), 8, SamplingParams(), 0, 3,
+                                log=lambda line: None)
+    matches = block.block_matches(load_feature_head(trained[0]), seqs, target=target_model)
+    verifier, drafter = drafter_for(trained[0], setup, TorchVerifier(target_model))
+    assert isinstance(drafter, BlockFeatureDrafter)
+    accepted = 0
+    for prompt, match in zip(PROMPTS, matches, strict=True):
+        for k in (2, 4):
+            real = generate(verifier, prompt, 20, drafter=drafter, draft_length=k).steps
+            replayed = evaluate.steps_over(match, k, 20)
+            assert [(s.num_drafted, s.num_accepted) for s in real] == \
+                [(s.num_drafted, s.num_accepted) for s in replayed]
+            accepted += sum(s.num_accepted for s in real)
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("k", [1, 3, 4, 6])
+def test_greedy_output_equals_plain_with_one_head_pass_per_block(trained, setup, k):
+    verifier, drafter = drafter_for(trained[0], setup)
+    calls, forward = [], drafter.head.forward
+    drafter.head.forward = lambda *args, **kwargs: (calls.append(1), forward(*args, **kwargs))[1]
+    for prompt in PROMPTS:
+        plain = generate(verifier, prompt, 30)
+        calls.clear()
+        spec = generate(verifier, prompt, 30, drafter=drafter, draft_length=k)
+        assert spec.tokens == plain.tokens and spec.stats()["num_accepted_tokens"] > 0
+        assert max(s.num_drafted for s in spec.steps) == min(k, SIZE)
+        assert len(calls) == 1 + sum(s.num_drafted > 0 for s in spec.steps)  # the prompt, then one pass a block
+
+
+def test_the_cli_drafts_with_it_and_the_fpga_refuses_it(trained, setup, capsys):
+    from dfvg.cli import main
+
+    base = ["generate", "--target", str(setup / "target"), "--prompt-ids", "5,17,99,150,3", "--max-new-tokens", "30",
+            "--json"]
+    assert main([*base, "--draft", str(trained[0]), "--draft-length", "4"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main([*base, "--no-draft"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == spec["tokens"]
+    assert spec["stats"]["num_accepted_tokens"] > 0
+    assert main([*base, "--draft", str(trained[0]), "--draft-device", "fpga"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "block feature head" in err
+    with pytest.raises(UserError, match="--eval-k <= --block-size"):
+        options(setup, "bad", feature_head=True, block_size=2, eval_ks=(2, 4)).check()
