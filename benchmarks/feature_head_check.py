@@ -29,7 +29,7 @@ from dfvg.checkpoint import load_model  # noqa: E402
 from dfvg.engine import Engine, make_drafter  # noqa: E402
 from dfvg.feature_head import FeatureDrafter, load_feature_head  # noqa: E402
 from dfvg.generate import generate  # noqa: E402
-from dfvg.gpu.graph_drafter import GraphFeatureDrafter  # noqa: E402
+from dfvg.gpu.graph_head import GraphFeatureDrafter  # noqa: E402
 from dfvg.gpu.graphs import GraphVerifier  # noqa: E402
 from dfvg.tokenizer import load_tokenizer  # noqa: E402
 from dfvg.tree import parse_tree_spec  # noqa: E402

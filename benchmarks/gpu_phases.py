@@ -19,7 +19,8 @@ from dfvg.engine import Engine
 from dfvg.errors import UserError
 from dfvg.generate import generate
 from dfvg.gpu import fast
-from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter, draft_graph, graph_drafter
+from dfvg.gpu.graph_drafter import GraphDrafter, draft_graph, graph_drafter
+from dfvg.gpu.graph_head import GraphBlockFeatureDrafter, GraphFeatureDrafter
 from dfvg.gpu.graphs import GraphVerifier, token_graph
 from dfvg.gpu.tree_device import tree_room
 from dfvg.verifier import TorchVerifier
@@ -161,6 +162,8 @@ def phase_dfvg(args, models) -> dict:
             runs.update(chain_rows(args, f"dfvg_feature_k{k}", f"dfvg spec feature-head k={k}", prompts,
                                    dfvg_runner(head_verifier, head, k, n)))
         runs.update(tree_runs(args, prompts, head_verifier, head, "dfvg_feature_tree"))
+    for key in [key for key in models if isinstance(key, str) and key.startswith("extra-head:")]:
+        runs.update(extra_head_rows(args, models, key))
     for other in (kind for kind in KERNELS if kind != args.kernels and not args.one_kernel):
         other_verifier, _ = graph_pair(args, models, other)
         runs[f"dfvg_{other}_plain"] = timed_runs(f"dfvg plain ({other})", prompts,
@@ -190,6 +193,23 @@ def extra_draft_rows(args, models: dict, draft: str, verifier: GraphVerifier) ->
     return runs
 
 
+def extra_head_rows(args, models: dict, key: str) -> dict:
+    """--extra-heads: a feature head's rows at each --ks it can make in one block (a block feature head's at most its
+    block size), through the product's path (`feature_pair`), and the CUDA-event time of its k = 4 block replay
+    (the c = k + 1 catch-up graph, a full acceptance's)."""
+    name = key.split(":", 1)[1]
+    verifier, head = feature_pair(args, models, models["prompts"][0]["ids"], key)
+    size, runs = head.block_size, {}
+    for k in (k for k in ks(args) if size is None or k <= size):
+        runs.update(chain_rows(args, f"dfvg_{name}_k{k}", f"dfvg spec {name} k={k}", models["prompts"],
+                               dfvg_runner(verifier, head, k, args.max_new_tokens)))
+    if args.device.startswith("cuda"):
+        k = min(4, size or 4)
+        runs[f"draft_block_k{k}_ms_{name}"] = cuda_median_ms(head._graph(k + 1, k).graph.replay)
+        print(f"  {name}: k = {k} head block replay {runs[f'draft_block_k{k}_ms_{name}']:.3f} ms", flush=True)
+    return runs
+
+
 def chain_rows(args, name: str, label: str, prompts: list[dict], runner) -> dict:
     """The row `name` of `runner`; with --lookahead, the same runner again right after it with
     `dfvg.gpu.fast.LOOKAHEAD` flipped (the device step launching its next replay before the host reads this one's
@@ -206,15 +226,16 @@ def chain_rows(args, name: str, label: str, prompts: list[dict], runner) -> dict
     return rows
 
 
-def feature_pair(args, models: dict, warm_ids: list[int]) -> tuple[GraphVerifier, GraphFeatureDrafter]:
+def feature_pair(args, models: dict, warm_ids: list[int],
+                 key: str = "feature_head") -> tuple[GraphVerifier, GraphFeatureDrafter]:
     """The feature head's pair as `make_drafter` builds it on CUDA, warmed on `warm_ids`: a target verifier of
     its own (a head turns feature writes on; the shared one also serves the other rows of this process),
     every verify length and every block graph captured before anything is timed."""
     head_verifier = GraphVerifier(models["target"], compile_blocks=args.kernels == "compiled",
                                   fused_layers=args.kernels == "fused", cache_len=cache_len(models, args))
-    head = GraphFeatureDrafter(models["feature_head"], head_verifier, head_verifier.vocab_size,
-                               compile_blocks=args.kernels == "compiled", cache_len=cache_len(models, args),
-                               fused_layers=args.kernels == "fused")
+    kind = GraphBlockFeatureDrafter if models[key].body.config.block_size else GraphFeatureDrafter  # as make_drafter
+    head = kind(models[key], head_verifier, head_verifier.vocab_size, compile_blocks=args.kernels == "compiled",
+                cache_len=cache_len(models, args), fused_layers=args.kernels == "fused")
     dfvg_runner(head_verifier, head, max(ks(args)), args.max_new_tokens)(warm_ids)  # caches sized
     head_verifier.prepare(max(ks(args)) + 1)
     head.prepare(max(ks(args)))

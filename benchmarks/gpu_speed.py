@@ -92,6 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "dfvg_<folder name>_k* rows at each --ks a draft can make in one block")
     p.add_argument("--feature-head", default="",
                    help="a feature head's folder (distill_draft.py --feature-head): dfvg_feature_k* rows ('' = none)")
+    p.add_argument("--extra-heads", default="",
+                   help="more feature heads, comma-separated folders (a block feature head): dfvg_<folder name>_k* "
+                        "rows at each --ks a head can make in one block")
     p.add_argument("--tuned", default=None, help="tuned.json of benchmarks/gpu_rows.py --sweep: fused block sizes")
     p.add_argument("--skip-draft", action="store_true",
                    help="no 0.5B draft (its GGUF is not on the machine): target, distilled and FPGA rows only")
@@ -249,12 +252,13 @@ def load_models(args) -> dict:
         from dfvg.checkpoint import load_model
 
         models[f"extra:{Path(folder).name}"] = load_model(folder, torch.bfloat16, args.device).eval()
-    if args.feature_head:
+    heads = [("feature_head", args.feature_head)] if args.feature_head else []
+    heads += [(f"extra-head:{Path(f).name}", f) for f in filter(None, args.extra_heads.split(","))]
+    for key, folder in heads:
         from dfvg.feature_head import load_feature_head
 
         target_cfg = models["target"].config
-        models["feature_head"] = load_feature_head(args.feature_head, models["target"].norm.weight.dtype, args.device,
-                                                   target_cfg.hidden_size)
+        models[key] = load_feature_head(folder, models["target"].norm.weight.dtype, args.device, target_cfg.hidden_size)
     return models
 
 

@@ -19,8 +19,8 @@
 # a block drafter of each size K at each learning rate; k above K drafts K), DEEP_SHAPE (default
 # 5:512:32768; '' = no deeper draft), STEPS (the deeper draft's, default 2000), KS (draft lengths timed, default 3,4), SKIP_TRAIN=1 (time drafts already in $RESULTS),
 # FEATURE_BLOCK (a size K: a block feature head, dfvg.feature_head.BlockFeatureDrafter, trained beside the others from
-# the shipped head, FEATURE_BLOCK_STEPS default 1000 at FEATURE_BLOCK_LR default 1e-3; its log's teacher-forced tau only:
-# it drafts eagerly, so it is not timed), GPU_TESTS (test files: `pytest -v -m gpu` on them while the teacher and the trainings run, finished before the
+# the shipped head, FEATURE_BLOCK_STEPS default 1000 at FEATURE_BLOCK_LR default 1e-3, then timed beside the others
+# with gpu_speed's --extra-heads), GPU_TESTS (test files: `pytest -v -m gpu` on them while the teacher and the trainings run, finished before the
 # timing; log gpu_tests.log), MODES (gpu_rows.py --modes after the timing, at MODE_CONTEXTS, default 512,32704;
 # random weights of the target's shapes: issue 16's switches side by side; out modes/), FPGA_BLOCK=1 (after the
 # timing: the block run validation chooses on the emulated FPGA datapath, gpu_speed's fpga phase at k = 4, out fpga/;
@@ -59,7 +59,7 @@ if [ "${SKIP_TRAIN:-0}" != 1 ]; then
   if [ -n "$deep" ]; then
     (SHAPES=$DEEP_SHAPE bash benchmarks/distill_h200.sh train > "$out/train_deep.log" 2>&1; echo "DEEP_DONE $(date -u +%T)") &
   fi
-  if [ -n "${FEATURE_BLOCK:-}" ]; then  # a block feature head from the shipped head: trained, its tau logged, not timed
+  if [ -n "${FEATURE_BLOCK:-}" ]; then  # a block feature head from the shipped head (timed below with the others)
     (FEATURE_HEAD=1 BLOCK=$FEATURE_BLOCK INIT_FROM=$D-fh STEPS=${FEATURE_BLOCK_STEPS:-1000} LR=${FEATURE_BLOCK_LR:-1e-3} \
       SHAPES=4:512:32768 bash benchmarks/distill_h200.sh train > "$out/train_feature_block.log" 2>&1
      cp -f "$RESULTS/l4-d512-v32768-fh-b$FEATURE_BLOCK/distill_recipe.json" "$out/feature_block_recipe.json" || true
@@ -71,8 +71,11 @@ if [ "${SKIP_TRAIN:-0}" != 1 ]; then
 fi
 wait  # the GPU tests too (SKIP_TRAIN=1): nothing else on the GPU while it is timed
 extra=$(for d in $blocks $deep; do if [ -f "$d/config.json" ]; then echo -n "$d,"; fi; done)  # runs that finished
+heads=""
+[ -n "${FEATURE_BLOCK:-}" ] && [ -f "$RESULTS/l4-d512-v32768-fh-b$FEATURE_BLOCK/config.json" ] && \
+  heads="$RESULTS/l4-d512-v32768-fh-b$FEATURE_BLOCK"
 python3 benchmarks/gpu_speed.py --phases dfvg --ks "${KS:-3,4}" --one-kernel --trees "" --skip-draft \
-  --feature-head $D-fh --distilled-draft $D --extra-drafts "${extra%,}" --gguf-dir /root/cache/gguf \
+  --feature-head $D-fh --distilled-draft $D --extra-drafts "${extra%,}" --extra-heads "$heads" --gguf-dir /root/cache/gguf \
   --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/speed_d --out "$out/speed" \
   2>&1 | grep -v "it/s\]" | tee "$out/speed.log"
 python3 benchmarks/speed_breakdown.py "$out/speed/dfvg.json" | tee "$out/breakdown.txt"

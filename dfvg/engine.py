@@ -42,7 +42,8 @@ from dfvg.fpga.datapath.drafter import FpgaDrafter
 from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
 from dfvg.generate import GenerationResult, HostStep, check_lengths, decode, max_seq_len
 from dfvg.gpu.fast import ONE_SEQUENCE, DeviceRows, DeviceStep, fits_device_step
-from dfvg.gpu.graph_drafter import GraphBlockDrafter, GraphDrafter, GraphFeatureDrafter, graph_drafter
+from dfvg.gpu.graph_drafter import GraphBlockDrafter, GraphDrafter, graph_drafter
+from dfvg.gpu.graph_head import GraphBlockFeatureDrafter, GraphFeatureDrafter
 from dfvg.gpu.graphs import GraphVerifier
 from dfvg.gpu.tree_device import DeviceTreeStep, device_tree_prompt_len, fits_device_tree, tree_room, tree_shape
 from dfvg.host.adaptive import AdaptiveDraftLength
@@ -97,10 +98,9 @@ def make_drafter(draft_dir: str | Path, device: str, dtype: torch.dtype, target_
                                                   target_vocab_size=target_vocab_size, **fpga_options)
     if head:
         drafter = feature_drafter(draft_dir, device, dtype, verifier)
-        if isinstance(drafter, BlockFeatureDrafter):  # eager on every device: no graph of its pass yet
-            return drafter
         if uses_graphs(drafter.device, fast):
-            return GraphFeatureDrafter(drafter.head, verifier, target_vocab_size, cache_len=DEFAULT_CACHE_LEN)
+            kind = GraphBlockFeatureDrafter if isinstance(drafter, BlockFeatureDrafter) else GraphFeatureDrafter
+            return kind(drafter.head, verifier, target_vocab_size, cache_len=DEFAULT_CACHE_LEN)
         return drafter
     if device == "fpga":
         return FpgaDrafter.from_checkpoint(draft_dir, target_vocab_size=target_vocab_size, **fpga_options)

@@ -6,7 +6,8 @@ read none), trained on a tiny peaked target on CPU.
 - its logged acceptance is exact: the teacher-forced replay (`block.block_matches` with the target's features)
   equals real `generate` runs with the drafter, step for step;
 - decoding with it is lossless at every draft length, one head pass per block, through the CLI too;
-- it runs eagerly on every torch device (no graph of its pass yet) and the FPGA datapath refuses it in one line.
+- its CUDA-graph drafter and the fused device step (CPU replays of their bodies) draft the eager head's blocks, and
+  the output equals plain; the FPGA datapath refuses it in one line.
 """
 
 from __future__ import annotations
@@ -108,3 +109,33 @@ def test_the_cli_drafts_with_it_and_the_fpga_refuses_it(trained, setup, capsys):
     assert len(err.splitlines()) == 1 and "block feature head" in err
     with pytest.raises(UserError, match="--eval-k <= --block-size"):
         options(setup, "bad", feature_head=True, block_size=2, eval_ks=(2, 4)).check()
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_the_graph_drafter_and_device_step_draft_the_eager_heads_blocks(trained, setup, k):
+    """GraphBlockFeatureDrafter's one-pass graph and the fused device step (CPU replays of the CUDA-graph bodies) give
+    the eager head's steps, every accepted count through the same (c, k) graphs; the output equals plain's."""
+    from dfvg.engine import Engine
+    from dfvg.gpu.fast import DeviceStep
+    from dfvg.gpu.graph_head import GraphBlockFeatureDrafter
+    from dfvg.gpu.graphs import GraphVerifier
+
+    head = load_feature_head(trained[0])
+    verifier = GraphVerifier(load_model(setup / "target"), compile_blocks=False, fused_layers=False, cache_len=96)
+    graphs = GraphBlockFeatureDrafter(head, verifier, VOCAB, compile_blocks=False, cache_len=96, fused_layers=False)
+    host_verifier = TorchVerifier(load_model(setup / "target"))
+    eager = BlockFeatureDrafter(load_feature_head(trained[0]), host_verifier, VOCAB)
+    engine, accepted = Engine(verifier), 0
+    for prompt in PROMPTS:
+        want = generate(host_verifier, list(prompt), 24, drafter=eager, draft_length=k)
+        got = generate(verifier, list(prompt), 24, drafter=graphs, draft_length=k)
+        fast = engine.decode(graphs, list(prompt), 24, k=k)
+        assert got.tokens == fast.tokens == want.tokens == generate(host_verifier, list(prompt), 24).tokens
+        assert [(s.num_drafted, s.num_accepted) for s in got.steps] == \
+            [(s.num_drafted, s.num_accepted) for s in want.steps]
+        full = [i for i, s in enumerate(want.steps) if s.num_drafted == k]  # the host shortens the last
+        assert [fast.steps[i].num_accepted for i in full] == [want.steps[i].num_accepted for i in full]
+        accepted += sum(s.num_accepted for s in fast.steps)
+    assert accepted > 0 and any(isinstance(s, DeviceStep) for s in engine.device_steps.values())
+    used = {key[2] for key in graphs.gm.graphs if key[0] == "feature-draft"}
+    assert k in used and max(used) == k  # blocks of k (shorter near the end), one pass each

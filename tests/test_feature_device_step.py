@@ -15,7 +15,7 @@ from dfvg.fallback import FaultInjection
 from dfvg.feature_head import FeatureDrafter, load_feature_head
 from dfvg.generate import generate
 from dfvg.gpu.fast import DeviceStep
-from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+from dfvg.gpu.graph_head import GraphFeatureDrafter
 from dfvg.gpu.graphs import GraphVerifier
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import TorchVerifier

@@ -357,7 +357,7 @@ def recorded(drafter) -> list[list[int]]:
 
 def graph_head(head_dir, verifier):
     """The head's CUDA-graph drafter, here replaying its block graphs eagerly on the CPU."""
-    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graph_head import GraphFeatureDrafter
 
     eager = make_drafter(head_dir, "cpu", torch.float32, VOCAB, fast=False, verifier=verifier)
     return GraphFeatureDrafter(eager.head, verifier, VOCAB, compile_blocks=False, cache_len=96)
@@ -369,7 +369,7 @@ def test_the_graph_head_drafts_the_eager_heads_blocks(head_dir, setup, random_he
     """Greedy: the block graph (c catch-up positions, then k - 1 self-fed ones) proposes what the eager head
     proposes, whole blocks step for step (the random pair's drafts depend on every feature and position), so
     the output equals plain decoding; every (c, k) graph it used was captured."""
-    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graph_head import GraphFeatureDrafter
     from dfvg.gpu.graphs import GraphVerifier
 
     head, root = (load_feature_head(head_dir[0]), setup) if pair == "trained" else random_head
@@ -411,7 +411,7 @@ def test_on_a_gpu_the_replayed_head_graphs_equal_the_eager_head(random_head):
 def lockstep(head, root, k: int, device: str) -> None:
     import copy
 
-    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graph_head import GraphFeatureDrafter
 
     verifier, greedy = TorchVerifier(load_model(root / "target", device=device)), SamplingParams()
     eager = FeatureDrafter(copy.deepcopy(head).to(device), verifier, verifier.vocab_size)
@@ -438,7 +438,7 @@ def lockstep(head, root, k: int, device: str) -> None:
 def test_a_compiled_head_without_fused_layers_feeds_prompts_eagerly(random_head, monkeypatch):
     """Where the head's layers are compiled but not fused (fp32 on CUDA, a q/k-norm head), a prompt goes through
     the eager forward: chunks through the compiled block would recompile for every new chunk length."""
-    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graph_head import GraphFeatureDrafter
 
     head, root = random_head
     verifier = TorchVerifier(load_model(root / "target"))
@@ -477,7 +477,7 @@ def test_on_a_gpu_the_head_drafts_from_graphs_and_stays_lossless(head_dir, setup
     on the fused device step (prompts of k + 2 tokens or more) and on the host step with the head's block
     graph (shorter ones), with no fault sending a device step to the host."""
     from dfvg.gpu.fast import DeviceStep
-    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graph_head import GraphFeatureDrafter
     from dfvg.gpu.graphs import GraphVerifier
     from dfvg.gpu.tree_device import DeviceTreeStep
     from dfvg.tree import parse_tree_spec

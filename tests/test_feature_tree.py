@@ -106,7 +106,7 @@ def test_head_trees_on_the_device_step_equal_plain_and_the_eager_trees(head_dir,
     """The graph path (`DeviceTreeStep` with a `FeatureFeeder`; its bodies replay eagerly on a CPU): plain's
     tokens, and the eager head tree's accepted length at every step but the last (where the eager loop
     shortens its tree); the verify leaves the features plain decoding writes."""
-    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graph_head import GraphFeatureDrafter
     from dfvg.gpu.graphs import GraphVerifier
     from dfvg.gpu.tree_device import DeviceTreeStep
 
@@ -136,7 +136,7 @@ def test_head_trees_on_the_device_step_equal_plain_and_the_eager_trees(head_dir,
 def test_a_prompt_too_short_for_the_heads_device_tree_decodes_plainly_until_it_fits(random_head):  # noqa: F811
     """A head's device tree needs the tree's depth + 2 tokens (its catch-up reads the feature before its first
     row): a shorter greedy prompt is decoded plainly that far, then the device tree takes over; plain's tokens."""
-    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graph_head import GraphFeatureDrafter
     from dfvg.gpu.graphs import GraphVerifier
     from dfvg.gpu.tree_device import DeviceTreeStep
 
@@ -157,7 +157,7 @@ def test_a_prompt_too_short_for_the_heads_device_tree_decodes_plainly_until_it_f
 def test_every_device_tree_is_the_eager_head_tree_there(random_head, spec):  # noqa: F811
     """Lockstep on the feature-sensitive random pair: each replay's tree holds the tokens the eager
     `FeatureTreeDrafter` grows after the same sequence (a node fed any feature but its parent's differs)."""
-    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graph_head import GraphFeatureDrafter
     from dfvg.gpu.graphs import GraphVerifier
     from dfvg.gpu.tree_device import DeviceTreeStep
 
@@ -185,7 +185,7 @@ def test_after_warm_up_a_prompt_too_short_for_the_tree_captures_nothing(random_h
     """Warmed up on a prompt long enough for the device tree, a run still captures its plain lead's graphs then
     (plain decoding without the feature write): a short prompt later in the run does not pay a capture inside
     its own time (on the H100, ~100 ms of one ShareGPT prompt's prefill; benchmarks/RESULTS.md 2026-12-05 17:48)."""
-    from dfvg.gpu.graph_drafter import GraphFeatureDrafter
+    from dfvg.gpu.graph_head import GraphFeatureDrafter
     from dfvg.gpu.graphs import GraphModel, GraphVerifier
 
     head, root = random_head

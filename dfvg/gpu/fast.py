@@ -40,15 +40,8 @@ from torch import Tensor
 from dfvg.drafter import DraftBlock
 from dfvg.fallback import GuardedDrafter, take_faults
 from dfvg.generate import GREEDY, HostStep, Outcome
-from dfvg.gpu.graph_drafter import (
-    GraphBlockDrafter,
-    GraphDrafter,
-    GraphFeatureDrafter,
-    block_body,
-    draft_body,
-    feature_block,
-    mask_tokens,
-)
+from dfvg.gpu.graph_drafter import GraphBlockDrafter, GraphDrafter, block_body, draft_body, mask_tokens
+from dfvg.gpu.graph_head import GraphFeatureDrafter, feature_block, feature_block_pass
 from dfvg.gpu.graphs import VERIFY_ROWS, GraphModel, GraphVerifier
 from dfvg.gpu.kernels import greedy_accept
 
@@ -90,18 +83,22 @@ def step_body(target: GraphModel, drafter: GraphModel | None, state: Tensor, dra
 
 
 def feature_step_body(target: GraphModel, drafter: GraphFeatureDrafter, state: Tensor, history: Tensor,
-                      drafts: Tensor, record: Tensor, vocab: int) -> Tensor:
+                      drafts: Tensor, record: Tensor, vocab: int, masks: Tensor | None = None) -> Tensor:
     """One greedy step of one sequence drafted by a feature head. state [1, 3] as `step_body`'s; history [S]
     the committed tokens by position (this step writes its own).
 
     The head's catch-up is always the last k + 1 committed positions, fed with the target's features
     (target.features, written by every verify): the positions a previous block fed with the head's own f^
     are rewritten with the true ones, and the others with the same values they hold, so one shape serves
-    every accepted count (the standalone draft's two-token catch-up, for a head)."""
+    every accepted count (the standalone draft's two-token catch-up, for a head). A block feature head's `masks`
+    follow them in the same pass (`feature_block_pass`)."""
     k = drafts.shape[1]
     last_pos = state[0, 2]
     fed = last_pos - k + torch.arange(k + 1, device=state.device)  # positions L-1-k .. L-1
-    feature_block(drafter.head, drafter.gm, history[fed], fed, target.features[fed - 1], drafts, vocab)
+    if masks is not None:
+        feature_block_pass(drafter.head, drafter.gm, history[fed], fed, target.features[fed - 1], masks, drafts, vocab)
+    else:
+        feature_block(drafter.head, drafter.gm, history[fed], fed, target.features[fed - 1], drafts, vocab)
     return verify_and_commit(target, state, history, drafts, record)
 
 
@@ -164,8 +161,9 @@ class DeviceRows:
         if isinstance(self.drafter, ONE_SEQUENCE):
             self.history = torch.zeros(target.cache_len, dtype=torch.long, device=self.device)
         if isinstance(self.drafter, GraphFeatureDrafter):
+            self.masks = mask_tokens(draft, self.k) if self.drafter.block_size else None  # as a block drafter's
             body = lambda: feature_step_body(target, self.drafter, self.state, self.history, self.drafts,  # noqa: E731
-                                             self.record, vocab)
+                                             self.record, vocab, self.masks)
         elif isinstance(self.drafter, GraphBlockDrafter):
             self.masks = mask_tokens(draft, self.k)  # held here: the captured graph reads this memory
             body = lambda: block_step_body(target, self.drafter, self.state, self.history, self.masks,  # noqa: E731
@@ -283,6 +281,7 @@ def fits_device_step(verifier: object, drafter: object, prompt_len: int, k: int)
     head = isinstance(drafter, GraphFeatureDrafter)
     graph_drafter = drafter is None or isinstance(drafter, GraphDrafter) or head
     shortest = k + 2 if head else k + 1 if isinstance(drafter, GraphBlockDrafter) else 2
-    within = not isinstance(drafter, GraphBlockDrafter) or 1 <= k <= drafter.block_size  # a block: one pass of k
+    size = getattr(drafter, "block_size", None)  # a block drafter or block feature head: one pass of k <= size
+    within = not size or 1 <= k <= size
     return (isinstance(verifier, GraphVerifier) and graph_drafter and within and prompt_len >= shortest
             and k + 1 <= VERIFY_ROWS)

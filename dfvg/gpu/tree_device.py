@@ -36,7 +36,8 @@ from torch import Tensor
 
 from dfvg.drafter import DraftBlock
 from dfvg.generate import Outcome
-from dfvg.gpu.graph_drafter import GraphDrafter, GraphFeatureDrafter, head_rows
+from dfvg.gpu.graph_drafter import GraphDrafter
+from dfvg.gpu.graph_head import GraphFeatureDrafter, head_rows
 from dfvg.gpu.graphs import GraphModel, GraphVerifier
 from dfvg.gpu.tree_rows import TreeRows
 from dfvg.tree import DYNAMIC_WIDTH, TreeSpec, move_slots
