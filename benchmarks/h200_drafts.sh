@@ -87,10 +87,12 @@ if [ -n "${FPGA_BLOCK:-}" ] && [ -n "$blocks" ]; then
 import json, sys
 from pathlib import Path
 runs = [Path(d) for d in sys.argv[1:] if (Path(d) / "distill_recipe.json").is_file()]
-tau = lambda d: json.loads((d / "distill_recipe.json").read_text())["acceptance_after"]["4"]["mean_accepted_length"]
+def tau(run):  # validation tau at k = 4, or at the run's largest draft length below it (a block of 2 or 3)
+    after = json.loads((run / "distill_recipe.json").read_text())["acceptance_after"]
+    return after[str(max(int(k) for k in after if int(k) <= 4))]["mean_accepted_length"]
 print(max(runs, key=tau) if runs else "")
 PY
-)
+) || chosen=""
   echo "FPGA_BLOCK chosen=$chosen $(date -u +%T)"
   if [ -n "$chosen" ]; then
     rc=0

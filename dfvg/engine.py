@@ -311,12 +311,13 @@ class Engine:
         return self.device_steps[key]
 
     def warm_up(self, drafters: list[Drafter | None], prompt_ids: list[int], k_values: list[int],
-                max_new_tokens: int, batch: int = 1, tree: TreeSpec | None = None) -> float:
+                max_new_tokens: int, batch: int = 1, tree: TreeSpec | None = None, confidence: bool = False) -> float:
         """Capture and compile every graph the run will replay, on the run's own shapes; returns seconds.
 
         A short generation per drafter and draft length captures the prefill chunk, the device step and
         the draft graphs; `prepare` captures the verify-and-accept graph of every block length a host
-        step can send (the last steps of a generation draft fewer than k)."""
+        step can send (the last steps of a generation draft fewer than k), and with `confidence` (an adaptive
+        threshold) the draft graphs that also write their drafts' top probabilities."""
         for drafter in drafters:
             self._remember(drafter)
         k_max = max(k_values, default=0)
@@ -340,7 +341,7 @@ class Engine:
                 self.verifier.prepare(k_max + 1)
         for drafter in self.drafters:
             if isinstance(drafter, GraphDrafter):
-                drafter.prepare(k_max + 1)  # overlap drafts k + 1 (the bonus guess first)
+                drafter.prepare(k_max + 1, confidence)  # overlap drafts k + 1 (the bonus guess first)
             elif isinstance(drafter, GraphFeatureDrafter):
                 drafter.prepare(k_max)  # sync schedule only
         synchronize(self.verifier.device)

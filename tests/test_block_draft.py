@@ -272,7 +272,7 @@ def test_bad_block_options_are_one_line_errors(setup, overrides, needle):
         options(setup, "bad", **overrides).check()
 
 
-def test_bad_block_config_and_the_fpga_are_refused_in_one_line(trained, tmp_path):
+def test_a_bad_block_config_and_the_board_kernel_are_refused_in_one_line(trained, tmp_path):
     import shutil
 
     broken = tmp_path / "broken"
@@ -281,10 +281,8 @@ def test_bad_block_config_and_the_fpga_are_refused_in_one_line(trained, tmp_path
     (broken / "config.json").write_text(json.dumps({**config, "dfvg_block_size": 1}))
     with pytest.raises(UserError, match="dfvg_block_size"):
         load_model(broken)
-    xclbin = tmp_path / "dfvg_draft.xclbin"
-    xclbin.write_bytes(b"not a bitstream")
-    with pytest.raises(UserError, match="emulated FPGA datapath"):  # before any artifact is built
-        make_drafter(trained[0], "fpga", torch.float32, VOCAB, mode="xrt", xclbin=str(xclbin), xrt_backend="simulated")
+    with pytest.raises(UserError, match="emulated FPGA datapath"):  # before the XRT options' checks and any artifact
+        make_drafter(trained[0], "fpga", torch.float32, VOCAB, mode="xrt")
 
 
 ALPHA = 1e-3
@@ -364,6 +362,9 @@ def test_the_fpga_datapath_drafts_a_block_in_one_pass(trained, setup, tmp_path, 
         assert block.modeled_s > 0
         return block
 
+    fpga.prefill(list(PROMPTS[1]), 64)
+    cached = fpga.cached_len
+    assert fpga.propose(list(PROMPTS[1]), 0, SamplingParams(), None).tokens == [] and fpga.cached_len == cached
     fpga.model.last_logits, fpga.propose = counted, checked
     steps = {}
     for name, drafter in (("fpga", fpga), ("float", BlockDrafter(load_model(trained[0]), VOCAB))):

@@ -103,6 +103,8 @@ def test_a_graph_drafters_blocks_carry_the_confidence_the_cut_reads(tiny_pair, t
     from dfvg.gpu.graph_drafter import GraphDrafter
 
     graph = GraphDrafter(load_model(tiny_pair[1]), target.vocab_size, compile_blocks=False, fused_layers=False)
+    graph.prepare(7, confidence=True)  # the warm-up of a run with a threshold (`Engine.warm_up`): k_max + 1
+    captured = set(graph.gm.graphs)
     eager = TorchDrafter(load_model(tiny_pair[1]), target.vocab_size)
     expected = generate(target, PROMPT, 40, eos_ids=(EOS_ID,)).tokens
     drafted = {}
@@ -112,7 +114,7 @@ def test_a_graph_drafters_blocks_carry_the_confidence_the_cut_reads(tiny_pair, t
         assert result.tokens == expected
         drafted[name] = [s.num_drafted for s in result.steps]
     assert drafted["graph"] == drafted["eager"] and min(drafted["graph"][:-1]) < 6
-    assert not graph.confidence_wanted
+    assert not graph.confidence_wanted and set(graph.gm.graphs) == captured  # none captured inside the run
 
 
 @pytest.mark.gpu

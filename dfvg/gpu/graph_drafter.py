@@ -46,10 +46,14 @@ class GraphDrafter:
     def rollback(self, num_valid: int) -> None:
         self.cached_len = min(self.cached_len, num_valid)
 
-    def prepare(self, max_k: int) -> None:
-        """Capture the draft graphs for k = 1..max_k now (warm-up; overlap drafts up to k + 1)."""
+    def prepare(self, max_k: int, confidence: bool = False) -> None:
+        """Capture the draft graphs for k = 1..max_k now (warm-up; overlap drafts up to k + 1), with `confidence`
+        also those an adaptive threshold's probe replays; over a cache of at least `min_cache_len` positions (a later
+        prefill that fits it keeps the graphs)."""
+        self.gm.ensure_cache(self.min_cache_len)
         for k in range(1, min(max_k, SCRATCH - 1) + 1):
-            draft_graph(self.gm, k, self.vocab_size)
+            for wanted in {False, confidence}:
+                draft_graph(self.gm, k, self.vocab_size, wanted)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
@@ -156,9 +160,11 @@ class GraphBlockDrafter(GraphDrafter):
         self.eager = BlockDrafter(model, self.vocab_size)
         self.block_size = model.config.block_size
 
-    def prepare(self, max_k: int) -> None:
+    def prepare(self, max_k: int, confidence: bool = False) -> None:
+        self.gm.ensure_cache(self.min_cache_len)
         for k in range(1, min(max_k, self.block_size) + 1):
-            self._graph(k)
+            for wanted in {False, confidence}:
+                self._graph(k, wanted)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,

@@ -96,6 +96,7 @@ class ConfidenceProbe:
     def __enter__(self) -> ConfidenceProbe:
         if isinstance(self.module, torch.nn.Module):
             self._handle = self.module.register_forward_hook(self._hook)
+        self._before = [drafter.confidence_wanted for drafter in self.graph_drafters]  # restored at exit (nesting)
         for drafter in self.graph_drafters:
             drafter.confidence_wanted = True
         return self
@@ -104,8 +105,8 @@ class ConfidenceProbe:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-        for drafter in self.graph_drafters:
-            drafter.confidence_wanted = False
+        for drafter, before in zip(self.graph_drafters, getattr(self, "_before", ()), strict=False):
+            drafter.confidence_wanted = before
 
     def clear(self) -> None:
         self.values = []

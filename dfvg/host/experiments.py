@@ -132,8 +132,9 @@ def warm_up(plans_: list[Plan], ctx: Context) -> float:
     (overlap, adaptive, sampling, FPGA) through its first calls outside any timing."""
     drafters = list({id(d): d for d in (drafter_of(p, ctx) for p in plans_)}.values())
     longest = reserve(plans_, ctx)
+    threshold = any(p.adaptive for p in plans_) and (ctx.devices.adaptive or AdaptiveConfig()).threshold is not None
     seconds = ctx.engine.warm_up(drafters, longest, largest_k(plans_, ctx), ctx.cfg.max_new_tokens,
-                                 batch=max_batch_size(ctx.cfg), tree=ctx.cfg.tree)
+                                 batch=max_batch_size(ctx.cfg), tree=ctx.cfg.tree, confidence=threshold)
     start = time.perf_counter()
     shapes = {(plan.name, min(batch_size_of(plan, ctx.cfg), end - first)): plan  # each (variant, group size)
               for plan, first, end in schedule(plans_, ctx.cfg, len(ctx.prompts))}

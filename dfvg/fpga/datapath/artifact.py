@@ -31,7 +31,8 @@ from dfvg.fpga.datapath.head_quantize import calibration_features, quantize_feat
 from dfvg.fpga.datapath.quantize import BUILTIN_CALIBRATION, builtin_calibration, quantize_model
 from dfvg.tokenizer import encode, load_tokenizer
 
-FORMAT_VERSION = 2  # 2: calibrated on one thread (`cpu_threads`), weights' mtime in the source
+FORMAT_VERSION = 3  # 2: calibrated on one thread (`cpu_threads`), weights' mtime in the source; 3: a block drafter's
+# mask vectors (`block_masks.*`) and its calibration with the masks after each sequence (older ones are rebuilt)
 CALIBRATION_PROMPTS, CALIBRATION_TOKENS = 4, 256
 
 def artifact_name(bits: int, group_size: int) -> str:

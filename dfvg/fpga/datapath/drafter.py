@@ -144,15 +144,12 @@ class FpgaDrafter:
         mode="xrt": the board runs it; `xrt_backend="simulated"` runs the same host code on SimulatedXrt
         with this datapath as the device (the tests do that; no board exists in this project).
         """
-        check_options(bits, mode, board, xclbin, xrt_backend, group_size)
         config = load_config(draft_dir)
-        if config.block_size and mode == "xrt":
+        if config.block_size and mode == "xrt":  # before the XRT options' own checks: no fix of those would do
             raise UserError(f"{draft_dir} is a block drafter (dfvg_block_size): it runs on the emulated FPGA datapath "
                             "(--fpga-mode emulate); the dfvg_draft board kernel drafts chains")
+        check_options(bits, mode, board, xclbin, xrt_backend, group_size)
         tensors, meta = load_or_build(draft_dir, bits, group_size, artifact_dir)
-        if config.block_size and "block_masks.weight" not in tensors:
-            raise UserError(f"the FPGA artifact of {draft_dir} has no mask vectors (built before block drafters ran "
-                            "on the datapath); delete its dfvg_fpga_* folder and run again to rebuild it")
         device = resolve_device(emulate_device)
         model = IntegerDraftModel(tensors, config, bits, device)
         vocab_limit = min(target_vocab_size or config.vocab_size, config.vocab_size)
@@ -191,10 +188,12 @@ class FpgaDrafter:
         drafter drafts min(k, block_size) in one pass; its mask rows' cache slots lie past the committed tokens,
         so the next block's pass overwrites them (`cached_len` counts committed tokens only)."""
         start = time.perf_counter()
+        if k < 1:  # nothing fed, nothing drafted: the cache is as it was
+            return DraftBlock([], None, time.perf_counter() - start, 0.0)
         fed_from = min(self.cached_len, len(context) - 1)  # always feed at least the last token
         if self.block_size:
             k = min(k, self.block_size)
-            tokens = draft_in_one_pass(self.model, context[fed_from:], fed_from, k, self.vocab_limit) if k > 0 else []
+            tokens = draft_in_one_pass(self.model, context[fed_from:], fed_from, k, self.vocab_limit)
             self.cached_len = len(context)
         elif self.engine is not None:
             tokens = self.engine.run_block(context, k)
@@ -204,8 +203,7 @@ class FpgaDrafter:
             self.cached_len = len(context) + k - 1
         synchronize(self.device)
         elapsed = time.perf_counter() - start
-        modeled = self.modeled_block_s(k, fed_from, len(context) - fed_from) if tokens else 0.0
-        return DraftBlock(tokens, None, elapsed, modeled)
+        return DraftBlock(tokens, None, elapsed, self.modeled_block_s(k, fed_from, len(context) - fed_from))
 
     def modeled_block_s(self, k: int, context_len: int, new_tokens: int) -> float:
         """Modeled board time of one block (latency.model_block on this drafter's board and workload; a block

@@ -190,12 +190,12 @@ class IntegerDraftModel:
     def embed(self, ids: Tensor) -> Tensor:
         """ids [T] -> int32 residual [T, D] (per-row int8 embedding requantized to the residual scale). A block
         drafter's mask ids (past the vocabulary, `ModelConfig.mask_ids`) take its int8 mask vectors."""
-        vocab = self.config.vocab_size
-        tokens = ids.clamp(max=vocab - 1)
+        vocab, masked = self.config.vocab_size, "block_masks.weight" in self.t
+        tokens = ids.clamp(max=vocab - 1) if masked else ids  # (a chain's id past the table stays an error)
         if "tok_embeddings.token_rows" in self.t:  # an embedding over the head's rows: id -> row first
             tokens = self.t["tok_embeddings.token_rows"][tokens].to(torch.long)
         x = self._table_rows("tok_embeddings", tokens)
-        if "block_masks.weight" not in self.t:
+        if not masked:
             return x
         offset = (ids - vocab).clamp(0, self.t["block_masks.weight"].shape[0] - 1)
         return torch.where((ids >= vocab)[:, None], self._table_rows("block_masks", offset), x)
@@ -211,6 +211,7 @@ class IntegerDraftModel:
         return self.last_logits(ids, start_pos, 1)[0]
 
     def _forward(self, ids: Tensor, start_pos: int, last: int = 1) -> Tensor:
+        """Layers, final norm and LM head; the head on the last `last` rows only (its cost is per row)."""
         return self._linear32(self._norm(self.layers(ids, start_pos)[-last:], "norm"), "output")
 
     def last_logits(self, ids: Tensor, start_pos: int, last: int) -> Tensor:
