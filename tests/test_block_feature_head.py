@@ -139,3 +139,26 @@ def test_the_graph_drafter_and_device_step_draft_the_eager_heads_blocks(trained,
     assert accepted > 0 and any(isinstance(s, DeviceStep) for s in engine.device_steps.values())
     used = {key[2] for key in graphs.gm.graphs if key[0] == "feature-draft"}
     assert k in used and max(used) == k  # blocks of k (shorter near the end), one pass each
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_block_head_changes_no_token(trained, setup):
+    """bf16 on CUDA, fused layers, captured graphs: the device step with the block feature head (one head pass per
+    block, `feature_block_pass`) and its host-step graph blocks give plain decoding's tokens."""
+    from dfvg.engine import Engine
+    from dfvg.gpu.fast import DeviceStep
+    from dfvg.gpu.graph_head import GraphBlockFeatureDrafter
+    from dfvg.gpu.graphs import GraphVerifier
+
+    engine = Engine(GraphVerifier(load_model(setup / "target", torch.bfloat16, "cuda"), cache_len=128))
+    drafter = make_drafter(trained[0], "cuda", torch.bfloat16, VOCAB, verifier=engine.verifier)
+    assert isinstance(drafter, GraphBlockFeatureDrafter)
+    accepted = 0
+    for prompt in PROMPTS:
+        plain = engine.decode(None, list(prompt), 40, k=0).tokens
+        fast = engine.decode(drafter, list(prompt), 40, k=4)
+        host = generate(engine.verifier, list(prompt), 40, drafter=drafter, draft_length=4)
+        assert fast.tokens == plain and host.tokens == plain
+        accepted += fast.stats()["num_accepted_tokens"]
+    assert accepted > 0 and any(isinstance(step, DeviceStep) for step in engine.device_steps.values())
