@@ -212,21 +212,26 @@ def test_the_board_model_drafts_a_block_in_one_pass():
     assert sized.block_time.value == pytest.approx(worst.block_time.value)
 
 
-def test_dfvg_generate_drafts_with_a_block_folder_and_equals_no_draft(trained, setup, capsys):
-    """The product's command: `dfvg generate --draft <block drafter>` gives `--no-draft`'s tokens and accepts
-    drafts, on a torch device and on the emulated FPGA datapath (`--draft-device fpga`)."""
+def cli_generate(setup, capsys, *flags: str) -> tuple[int, str]:
+    """`dfvg generate` on the tiny target and a fixed prompt with these flags: (exit status, stdout or stderr)."""
     from dfvg.cli import main
 
     base = ["generate", "--target", str(setup / "target"), "--prompt-ids", "5,17,99,150,3", "--max-new-tokens", "30",
             "--json"]
-    assert main([*base, "--draft", str(trained[0]), "--draft-length", "4"]) == 0
-    spec = json.loads(capsys.readouterr().out)
-    assert main([*base, "--no-draft"]) == 0
-    assert json.loads(capsys.readouterr().out)["tokens"] == spec["tokens"]
-    assert spec["stats"]["num_accepted_tokens"] > 0
-    assert main([*base, "--draft", str(trained[0]), "--draft-device", "fpga", "--draft-length", "4"]) == 0
-    fpga = json.loads(capsys.readouterr().out)
-    assert fpga["tokens"] == spec["tokens"] and fpga["stats"]["num_accepted_tokens"] > 0
+    status = main([*base, *flags])
+    out, err = capsys.readouterr()
+    return status, out if status == 0 else err.strip()
+
+
+def test_dfvg_generate_drafts_with_a_block_folder_and_equals_no_draft(trained, setup, capsys):
+    """The product's command: `dfvg generate --draft <block drafter>` gives `--no-draft`'s tokens and accepts
+    drafts, on a torch device and on the emulated FPGA datapath (`--draft-device fpga`)."""
+    plain = json.loads(cli_generate(setup, capsys, "--no-draft")[1])
+    for device in ("cpu", "fpga"):
+        status, out = cli_generate(setup, capsys, "--draft", str(trained[0]), "--draft-device", device,
+                                   "--draft-length", "4")
+        spec = json.loads(out)
+        assert status == 0 and spec["tokens"] == plain["tokens"] and spec["stats"]["num_accepted_tokens"] > 0
 
 
 @pytest.mark.parametrize("mode", ["sync", "overlap"])

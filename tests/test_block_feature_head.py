@@ -26,19 +26,13 @@ from dfvg.feature_head import BlockFeatureDrafter, load_feature_head
 from dfvg.generate import generate
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import TorchVerifier
-from tests.test_distill import VOCAB, options, peaked_setup
-
-SIZE = 4
-PROMPTS = ([5, 17, 99], [150, 3, 42, 42, 7, 60], [9, 9, 31, 4, 77])
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    return peaked_setup(tmp_path_factory.mktemp("block-head"))
+from tests.test_block_draft import PROMPTS, SIZE, cli_generate
+from tests.test_block_draft import setup as setup  # noqa: F401  (the tiny peaked target and its prompts)
+from tests.test_distill import VOCAB, options
 
 
 @pytest.fixture(scope="module")
-def trained(setup):
+def trained(setup):  # noqa: F811
     summary = run(options(setup, "block-head", feature_head=True, block_size=SIZE, eval_ks=(2, 4), layers=2,
                           hidden=64, steps=150, lr=1e-2), log=lambda line: None)
     return setup / "block-head", summary
@@ -95,18 +89,11 @@ def test_greedy_output_equals_plain_with_one_head_pass_per_block(trained, setup,
 
 
 def test_the_cli_drafts_with_it_and_the_fpga_refuses_it(trained, setup, capsys):
-    from dfvg.cli import main
-
-    base = ["generate", "--target", str(setup / "target"), "--prompt-ids", "5,17,99,150,3", "--max-new-tokens", "30",
-            "--json"]
-    assert main([*base, "--draft", str(trained[0]), "--draft-length", "4"]) == 0
-    spec = json.loads(capsys.readouterr().out)
-    assert main([*base, "--no-draft"]) == 0
-    assert json.loads(capsys.readouterr().out)["tokens"] == spec["tokens"]
+    spec = json.loads(cli_generate(setup, capsys, "--draft", str(trained[0]), "--draft-length", "4")[1])
+    assert json.loads(cli_generate(setup, capsys, "--no-draft")[1])["tokens"] == spec["tokens"]
     assert spec["stats"]["num_accepted_tokens"] > 0
-    assert main([*base, "--draft", str(trained[0]), "--draft-device", "fpga"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "block feature head" in err
+    status, err = cli_generate(setup, capsys, "--draft", str(trained[0]), "--draft-device", "fpga")
+    assert status == 2 and len(err.splitlines()) == 1 and "block feature head" in err
     with pytest.raises(UserError, match="--eval-k <= --block-size"):
         options(setup, "bad", feature_head=True, block_size=2, eval_ks=(2, 4)).check()
 
