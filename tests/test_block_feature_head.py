@@ -7,7 +7,7 @@ read none), trained on a tiny peaked target on CPU.
   equals real `generate` runs with the drafter, step for step;
 - decoding with it is lossless at every draft length, one head pass per block, through the CLI too;
 - its CUDA-graph drafter and the fused device step (CPU replays of their bodies) draft the eager head's blocks, and
-  the output equals plain; the FPGA datapath refuses it in one line.
+  the output equals plain; so does the emulated FPGA datapath, one integer pass a block.
 """
 
 from __future__ import annotations
@@ -88,12 +88,54 @@ def test_greedy_output_equals_plain_with_one_head_pass_per_block(trained, setup,
         assert len(calls) == 1 + sum(s.num_drafted > 0 for s in spec.steps)  # the prompt, then one pass a block
 
 
-def test_the_cli_drafts_with_it_and_the_fpga_refuses_it(trained, setup, capsys):
-    spec = json.loads(cli_generate(setup, capsys, "--draft", str(trained[0]), "--draft-length", "4")[1])
-    assert json.loads(cli_generate(setup, capsys, "--no-draft")[1])["tokens"] == spec["tokens"]
-    assert spec["stats"]["num_accepted_tokens"] > 0
-    status, err = cli_generate(setup, capsys, "--draft", str(trained[0]), "--draft-device", "fpga")
-    assert status == 2 and len(err.splitlines()) == 1 and "block feature head" in err
+def test_the_cli_drafts_with_it_on_cpu_and_the_fpga_datapath(trained, setup, capsys):
+    plain = json.loads(cli_generate(setup, capsys, "--no-draft")[1])
+    for device in ("cpu", "fpga"):
+        status, out = cli_generate(setup, capsys, "--draft", str(trained[0]), "--draft-device", device,
+                                   "--draft-length", "4")
+        spec = json.loads(out)
+        assert status == 0 and spec["tokens"] == plain["tokens"] and spec["stats"]["num_accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_fpga_datapath_drafts_the_heads_block_in_one_integer_pass(trained, setup, tmp_path, bits):
+    """The emulated datapath (int8, or int4 layers): each block is ONE integer pass (committed rows on the target's
+    int8 features, mask rows on zeros), equal to a fresh datapath's single pass over the whole context (a stale mask
+    slot, a mask row reading a feature or a wrong position breaks this); output equals plain; the integer head
+    accepts within 3 % of the float head's mean accepted length."""
+    from dfvg.fpga.datapath.feature_drafter import FpgaFeatureDrafter
+    from dfvg.stats import mean_accepted_length
+
+    verifier = TorchVerifier(load_model(setup / "target"))
+    fpga, fresh = (FpgaFeatureDrafter.from_checkpoint(trained[0], verifier, setup / "target", VOCAB, bits=bits,
+                                                      group_size=16, artifact_dir=tmp_path / "a") for _ in range(2))
+    passes, step, propose = [], fpga.model.step, fpga.propose
+    fpga.model.step = lambda *args, **kwargs: passes.append(1) or step(*args, **kwargs)
+
+    def checked(context, k, sampling, generator):
+        before = len(passes)
+        block = propose(context, k, sampling, generator)
+        assert len(passes) == before + 1 and block.modeled_s > 0
+        n = len(block.tokens)  # a fresh datapath's single pass: f_{p-1} for each committed row, zeros for the masks
+        fresh.model.setup_cache(len(context) + SIZE)
+        features = fresh._true_features(0, len(context))
+        ids = torch.tensor(list(context) + load_config(trained[0]).mask_ids[: n - 1])
+        logits, _ = fresh.model.step(ids, torch.cat([features, features.new_zeros(n - 1, features.shape[1])]), 0,
+                                     rows=torch.arange(len(ids) - n, len(ids)))
+        assert fresh.model.tokens(logits, VOCAB).tolist() == block.tokens
+        return block
+
+    fpga.propose = checked
+    steps = {}
+    float_head = BlockFeatureDrafter(load_feature_head(trained[0]), verifier, VOCAB)
+    for name, drafter in (("fpga", fpga), ("float", float_head)):
+        steps[name] = []
+        for prompt in PROMPTS:
+            result = generate(verifier, list(prompt), 30, drafter=drafter, draft_length=4)
+            assert result.tokens == generate(verifier, list(prompt), 30).tokens
+            steps[name] += result.steps
+    accepted = {name: mean_accepted_length(taken) for name, taken in steps.items()}
+    assert accepted["fpga"] == pytest.approx(accepted["float"], rel=0.03) and accepted["float"] > 1.3
     with pytest.raises(UserError, match="--eval-k <= --block-size"):
         options(setup, "bad", feature_head=True, block_size=2, eval_ks=(2, 4)).check()
 

@@ -53,6 +53,7 @@ class FpgaFeatureDrafter(FeatureCatchUp):
                                        feature_bits=8)
         self.cached_len = self.true_len = 0
         self.engine = None  # no XRT path: the board kernel drafts standalone chains
+        self.block_size = model.config.block_size  # a block feature head: one pass of at most this many drafts
 
     def reading(self, verifier) -> FpgaFeatureDrafter:
         """This drafter (same integer head) reading another verifier's features: a tree step verifies on the
@@ -74,9 +75,6 @@ class FpgaFeatureDrafter(FeatureCatchUp):
         check_options(bits, mode, board, xclbin, xrt_backend, group_size)
         if verifier is None:
             raise UserError(f"{head_dir} is a feature head: it needs the target it reads features from")
-        if load_config(head_dir).block_size:
-            raise UserError(f"{head_dir} is a block feature head (dfvg_block_size), which the FPGA datapath does not "
-                            "run yet; draft with it on cpu or cuda")
         tensors, meta = load_or_build_head(head_dir, target_dir, bits, group_size, predict_bits, artifact_dir)
         model = IntegerFeatureHead(tensors, load_config(head_dir), bits, resolve_device(emulate_device))
         return cls(model, meta, verifier, target_vocab_size, board, group_size)
@@ -91,6 +89,8 @@ class FpgaFeatureDrafter(FeatureCatchUp):
         """Feed the committed positions the head has not read with the target's features, then k greedy
         drafts (probs None = one-hot), with wall-clock and modeled board time."""
         start = time.perf_counter()
+        if self.block_size:
+            return self._one_pass(context, min(k, self.block_size), start)
         fed_from = min(self.true_len, len(context) - 1)  # always feed at least the last token
         logits, predicted = self._feed(context[fed_from:], fed_from, self._true_features(fed_from, len(context)))
         self.cached_len = self.true_len = len(context)
@@ -103,11 +103,30 @@ class FpgaFeatureDrafter(FeatureCatchUp):
         elapsed = time.perf_counter() - start
         return DraftBlock(tokens, None, elapsed, self.modeled_block_s(k, fed_from, len(context) - fed_from))
 
+    def _one_pass(self, context: list[int], k: int, start: float) -> DraftBlock:
+        """A block feature head's block: the committed positions not yet read with the target's int8 features,
+        then k - 1 mask ids reading zeros, in one integer pass; the drafts are the last real row's and each mask
+        row's. The masks' slots lie past the committed tokens (`true_len`), so the next pass overwrites them."""
+        if k < 1:
+            return DraftBlock([], None, time.perf_counter() - start, 0.0)
+        fed_from = min(self.true_len, len(context) - 1)
+        true = self._true_features(fed_from, len(context))
+        ids = torch.tensor(context[fed_from:] + self.model.config.mask_ids[: k - 1], dtype=torch.long,
+                           device=self.device)
+        rows = torch.arange(ids.shape[0] - k, ids.shape[0], device=self.device)
+        logits, _ = self.model.step(ids, torch.cat([true, true.new_zeros(k - 1, true.shape[1])]), fed_from, rows=rows)
+        self.cached_len = self.true_len = len(context)
+        tokens = self.model.tokens(logits, self.vocab_limit).tolist()
+        synchronize(self.device)
+        return DraftBlock(tokens, None, time.perf_counter() - start,
+                          self.modeled_block_s(k, fed_from, len(context) - fed_from))
+
     def modeled_block_s(self, k: int, context_len: int, new_tokens: int, feature_tokens: int | None = None) -> float:
         """Modeled board time of one block, the int8 features of `feature_tokens` positions (default: every new
-        one) over PCIe included; a tree level's nodes read predictions already on the board (0)."""
-        return model_block(self.workload, self.board, self.design, k, context_len, new_tokens,
-                           feature_tokens).block_time.value
+        one) over PCIe included; a tree level's nodes read predictions already on the board (0). A block feature
+        head's block is one pass of the new positions and k - 1 masks."""
+        return model_block(self.workload, self.board, self.design, k, context_len, new_tokens, feature_tokens,
+                           one_pass=bool(self.block_size)).block_time.value
 
     def _true_features(self, start: int, end: int) -> Tensor:
         """The target's features of positions start..end-1 as the board receives them: int8, quantized where

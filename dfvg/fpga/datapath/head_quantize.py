@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from dfvg.distill.feature import UNROLL, shifted, target_features
@@ -53,14 +54,15 @@ def calibration_features(target: Transformer, sequences: list[list[int]]) -> lis
 
 def _feed_head(head: FeatureHead, sequences: list[list[int]], features: list[Tensor], seen: dict) -> None:
     """Run the head as it drafts: pass 0 on the target's features, pass 1 on its own predictions (the second
-    draft of a block reads f^), recording max |feature| per channel over both inputs and the predictions."""
-    device = head.fuse.weight.device
-    head.body.setup_cache(1, max(len(s) for s in sequences))
+    draft of a block reads f^), recording max |feature| per channel over both inputs and the predictions. A block
+    feature head drafts in one pass: each sequence then ends with its mask rows, reading zero features."""
+    device, masks = head.fuse.weight.device, head.body.config.mask_ids
+    head.body.setup_cache(1, max(len(s) for s in sequences) + len(masks))
     for seq, feats in zip(sequences, features, strict=True):
-        ids = torch.tensor([seq], device=device)
-        positions = torch.arange(len(seq), device=device)[None]
-        inputs = shifted(feats.to(device, head.fuse.weight.dtype)[None])
-        for _ in range(UNROLL):
+        ids = torch.tensor([seq + masks], device=device)
+        positions = torch.arange(len(seq) + len(masks), device=device)[None]
+        inputs = F.pad(shifted(feats.to(device, head.fuse.weight.dtype)[None]), (0, 0, 0, len(masks)))
+        for _ in range(1 if masks else UNROLL):
             _, predicted = head(ids, positions, inputs)
             for value in (inputs, predicted):
                 top = value.detach().float().abs().reshape(-1, value.shape[-1]).amax(dim=0).cpu()
@@ -96,11 +98,17 @@ def quantize_feature_head(head: FeatureHead, sequences: list[list[int]], feature
 def _fuse_tensors(head: FeatureHead, feature_scales: Tensor, res: float) -> dict[str, Tensor]:
     """fuse with its input scales folded in, and the embedding rows' requantization to fuse's input scale."""
     _, emb_row = quantize_rows_int8(head.body.tok_embeddings.weight)  # the body's int8 rows and their scales
-    embed_scale = float(emb_row.max())
+    masks = head.body.block_masks.detach() if head.body.config.block_size else None  # a block head's mask rows
+    mask_q, mask_row = quantize_rows_int8(masks) if masks is not None else (None, emb_row[:0])
+    embed_scale = float(torch.cat([emb_row, mask_row]).max())
     d = head.body.config.hidden_size
     out = {}
     out["fuse.embed_multiplier"], out["fuse.embed_shift"] = (t.to(torch.int32) for t in
                                                              fp.quantize_multipliers(emb_row / embed_scale))
+    if masks is not None:  # int8 rows at their own scales, requantized to fuse's input as the embedding rows are
+        out["fuse.mask_rows"] = mask_q
+        out["fuse.mask_multiplier"], out["fuse.mask_shift"] = (t.to(torch.int32) for t in
+                                                               fp.quantize_multipliers(mask_row / embed_scale))
     in_scales = torch.cat([feature_scales, torch.full((d,), embed_scale, dtype=torch.float64)])
     folded = head.fuse.weight.detach().to(torch.float64) * in_scales[None, :]
     out |= quantize_linear("fuse", folded, None, 1.0, torch.full((d,), res, dtype=torch.float64), 8, 0)
