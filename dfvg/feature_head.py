@@ -228,6 +228,8 @@ class BlockFeatureDrafter(FeatureDrafter):
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> DraftBlock:
+        """min(k, block_size) drafts from one pass; sampled, each from its own row's distribution (which the
+        acceptance rule is given), as `BlockDrafter` samples."""
         start = time.perf_counter()
         body = self.head.body.config
         k = min(k, body.block_size)

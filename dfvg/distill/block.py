@@ -9,8 +9,9 @@ held-out continuations (`block_matches`, whose rows `evaluate.steps_over` walks 
 A block feature head (a `FeatureHead` whose body is a block drafter; dfvg.feature_head.BlockFeatureDrafter)
 trains on the same rows: a real row at position p reads the target's f_{p-1}, a mask row reads zeros (no
 predicted features), so its drafting pass is teacher forced too and `block_matches` stays exact for it. Its loss
-adds the head's feature regression on the real rows (feature.py's pass 0); there is no unrolled pass, since no
-row reads a prediction.
+adds the head's feature regression on the real rows (feature.py's pass 0): a block never reads a prediction, but
+a token tree grown on the head's chain rows does (depth 2 on), and the regression keeps the hidden states carrying
+the target's; there is no unrolled pass.
 
 The objective (PARD's, on DistillSpec's data): every row that predicts a continuation token is an anchor;
 after the real rows, each anchor t gets K - 1 mask rows at positions t + 1 .. t + K - 1, and mask j learns
