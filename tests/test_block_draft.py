@@ -223,15 +223,20 @@ def cli_generate(setup, capsys, *flags: str) -> tuple[int, str]:
     return status, out if status == 0 else err.strip()
 
 
-def test_dfvg_generate_drafts_with_a_block_folder_and_equals_no_draft(trained, setup, capsys):
-    """The product's command: `dfvg generate --draft <block drafter>` gives `--no-draft`'s tokens and accepts
-    drafts, on a torch device and on the emulated FPGA datapath (`--draft-device fpga`)."""
+def assert_cli_drafts_equal_no_draft(setup, capsys, folder) -> None:
+    """`dfvg generate --draft folder` gives `--no-draft`'s tokens and accepts drafts, on a torch device and on the
+    emulated FPGA datapath (`--draft-device fpga`)."""
     plain = json.loads(cli_generate(setup, capsys, "--no-draft")[1])
     for device in ("cpu", "fpga"):
-        status, out = cli_generate(setup, capsys, "--draft", str(trained[0]), "--draft-device", device,
+        status, out = cli_generate(setup, capsys, "--draft", str(folder), "--draft-device", device,
                                    "--draft-length", "4")
         spec = json.loads(out)
         assert status == 0 and spec["tokens"] == plain["tokens"] and spec["stats"]["num_accepted_tokens"] > 0
+
+
+def test_dfvg_generate_drafts_with_a_block_folder_and_equals_no_draft(trained, setup, capsys):
+    """The product's command with a block drafter's folder."""
+    assert_cli_drafts_equal_no_draft(setup, capsys, trained[0])
 
 
 @pytest.mark.parametrize("mode", ["sync", "overlap"])

@@ -12,8 +12,6 @@ read none), trained on a tiny peaked target on CPU.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -26,7 +24,7 @@ from dfvg.feature_head import BlockFeatureDrafter, load_feature_head
 from dfvg.generate import generate
 from dfvg.sampling import SamplingParams
 from dfvg.verifier import TorchVerifier
-from tests.test_block_draft import PROMPTS, SIZE, cli_generate
+from tests.test_block_draft import PROMPTS, SIZE, assert_cli_drafts_equal_no_draft
 from tests.test_block_draft import setup as setup  # noqa: F401  (the tiny peaked target and its prompts)
 from tests.test_distill import VOCAB, options
 
@@ -89,12 +87,7 @@ def test_greedy_output_equals_plain_with_one_head_pass_per_block(trained, setup,
 
 
 def test_the_cli_drafts_with_it_on_cpu_and_the_fpga_datapath(trained, setup, capsys):
-    plain = json.loads(cli_generate(setup, capsys, "--no-draft")[1])
-    for device in ("cpu", "fpga"):
-        status, out = cli_generate(setup, capsys, "--draft", str(trained[0]), "--draft-device", device,
-                                   "--draft-length", "4")
-        spec = json.loads(out)
-        assert status == 0 and spec["tokens"] == plain["tokens"] and spec["stats"]["num_accepted_tokens"] > 0
+    assert_cli_drafts_equal_no_draft(setup, capsys, trained[0])
 
 
 @pytest.mark.parametrize("bits", [8, 4])
