@@ -54,11 +54,18 @@ class BlockDrafter(TorchDrafter):
         fed = context[-1:] + self.model.config.mask_ids[: k - 1]
         logits = fit_vocab(self.model.feed(fed, len(context) - 1), self.vocab_size)  # [k, V]
         self.cached_len = len(context)
-        later_rows = iter(logits[1:])  # each draft's distribution is its own row's, whatever the drafts before it
-        tokens, probs = sample_block(logits[0], k, sampling, generator, lambda _token: next(later_rows))
-        synchronize(self.device)
-        block = DraftBlock(tokens, probs, time.perf_counter() - start)
-        # each draft's top probability, for the adaptive draft length (dfvg.host.adaptive.block_confidence): its
-        # forward-hook probe sees one pass per block, not one per draft
-        block.confidence = torch.softmax(logits.float(), dim=-1).max(dim=-1).values.tolist()
-        return block
+        return block_of_rows(logits, sampling, generator, self.device, start)
+
+
+def block_of_rows(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
+                  device: torch.device, start: float) -> DraftBlock:
+    """A one-pass block from its k rows' logits [k, V] (the last real row's, then each mask row's): each draft drawn
+    from (greedy: the argmax of) its own row, whatever the drafts before it, so the acceptance rule is given each
+    draft's true distribution; timed from `start`. Each draft's top probability rides along for the adaptive draft
+    length (dfvg.host.adaptive.block_confidence): its forward-hook probe sees one pass per block, not one a draft."""
+    later_rows = iter(logits[1:])
+    tokens, probs = sample_block(logits[0], logits.shape[0], sampling, generator, lambda _token: next(later_rows))
+    synchronize(device)
+    block = DraftBlock(tokens, probs, time.perf_counter() - start)
+    block.confidence = torch.softmax(logits.float(), dim=-1).max(dim=-1).values.tolist()
+    return block

@@ -32,6 +32,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from dfvg.block_draft import block_of_rows
 from dfvg.checkpoint import FEATURE_HEAD_FILE, checkpoint_dir, load_model, read_json
 from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import DraftBlock, fit_vocab, sample_block
@@ -240,12 +241,7 @@ class BlockFeatureDrafter(FeatureDrafter):
         features = torch.cat([true, true.new_zeros(k - 1, true.shape[1])])
         logits = self._last_rows(context[fed_from:] + body.mask_ids[: k - 1], fed_from, features, k)
         self.cached_len = self.true_len = len(context)
-        later_rows = iter(logits[1:])  # each draft's distribution is its own row's, whatever the drafts before it
-        tokens, probs = sample_block(logits[0], k, sampling, generator, lambda _token: next(later_rows))
-        synchronize(self.device)
-        block = DraftBlock(tokens, probs, time.perf_counter() - start)
-        block.confidence = torch.softmax(logits.float(), dim=-1).max(dim=-1).values.tolist()  # the adaptive cut's
-        return block
+        return block_of_rows(logits, sampling, generator, self.device, start)
 
     def _last_rows(self, tokens: list[int], start_pos: int, features: Tensor, count: int) -> Tensor:
         """Feed tokens at start_pos.. with their features [T, H]: logits [count, V] of the last count rows."""

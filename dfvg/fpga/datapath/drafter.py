@@ -194,13 +194,11 @@ class FpgaDrafter:
         if self.block_size:
             k = min(k, self.block_size)
             tokens = draft_in_one_pass(self.model, context[fed_from:], fed_from, k, self.vocab_limit)
-            self.cached_len = len(context)
         elif self.engine is not None:
             tokens = self.engine.run_block(context, k)
-            self.cached_len = len(context) + k - 1
         else:
             tokens = draft_block(self.model, context[fed_from:], fed_from, k, self.vocab_limit)
-            self.cached_len = len(context) + k - 1
+        self.cached_len = len(context) + (0 if self.block_size else k - 1)  # a chain caches its first k - 1 drafts
         synchronize(self.device)
         elapsed = time.perf_counter() - start
         return DraftBlock(tokens, None, elapsed, self.modeled_block_s(k, fed_from, len(context) - fed_from))

@@ -34,17 +34,14 @@ class IntegerFeatureHead(IntegerDraftModel):
     def fused(self, ids: Tensor, features: Tensor) -> Tensor:
         """ids [T], int8 features [T, H] -> the int32 residual [T, d] the first layer reads. A block feature head's
         mask ids (past the vocabulary) take its int8 mask rows, requantized to fuse's input as embedding rows are."""
-        t, vocab = self.t, self.config.vocab_size
-        masked = "fuse.mask_rows" in t
-        tokens = ids.clamp(max=vocab - 1) if masked else ids
-        rows = t["tok_embeddings.token_rows"][tokens].to(torch.long) if "tok_embeddings.token_rows" in t else tokens
+        t = self.t
+        rows, masks = self.rows_and_masks(ids, "fuse.mask_rows")
         embedded = fp.requantize(t["tok_embeddings.weight"][rows], t["fuse.embed_multiplier"][rows, None],
                                  t["fuse.embed_shift"][rows, None])
-        if masked:
-            at = (ids - vocab).clamp(0, t["fuse.mask_rows"].shape[0] - 1)
-            mask = fp.requantize(t["fuse.mask_rows"][at], t["fuse.mask_multiplier"][at, None],
-                                 t["fuse.mask_shift"][at, None])
-            embedded = torch.where((ids >= vocab)[:, None], mask, embedded)
+        if masks is not None:
+            mask = fp.requantize(t["fuse.mask_rows"][masks], t["fuse.mask_multiplier"][masks, None],
+                                 t["fuse.mask_shift"][masks, None])
+            embedded = torch.where((ids >= self.config.vocab_size)[:, None], mask, embedded)
         return self._linear32(torch.cat([features, embedded], dim=-1), "fuse")
 
     def predict(self, r: Tensor) -> Tensor:

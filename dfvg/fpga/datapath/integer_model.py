@@ -190,15 +190,22 @@ class IntegerDraftModel:
     def embed(self, ids: Tensor) -> Tensor:
         """ids [T] -> int32 residual [T, D] (per-row int8 embedding requantized to the residual scale). A block
         drafter's mask ids (past the vocabulary, `ModelConfig.mask_ids`) take its int8 mask vectors."""
-        vocab, masked = self.config.vocab_size, "block_masks.weight" in self.t
-        tokens = ids.clamp(max=vocab - 1) if masked else ids  # (a chain's id past the table stays an error)
-        if "tok_embeddings.token_rows" in self.t:  # an embedding over the head's rows: id -> row first
-            tokens = self.t["tok_embeddings.token_rows"][tokens].to(torch.long)
-        x = self._table_rows("tok_embeddings", tokens)
-        if not masked:
+        rows, masks = self.rows_and_masks(ids, "block_masks.weight")
+        x = self._table_rows("tok_embeddings", rows)
+        if masks is None:
             return x
-        offset = (ids - vocab).clamp(0, self.t["block_masks.weight"].shape[0] - 1)
-        return torch.where((ids >= vocab)[:, None], self._table_rows("block_masks", offset), x)
+        return torch.where((ids >= self.config.vocab_size)[:, None], self._table_rows("block_masks", masks), x)
+
+    def rows_and_masks(self, ids: Tensor, mask_table: str) -> tuple[Tensor, Tensor | None]:
+        """ids [T] -> (each id's embedding row, each id's row of `mask_table` or None where the artifact has none).
+        With masks, ids past the vocabulary (a block drafter's mask ids) read a clamped embedding row that the
+        caller replaces by their mask row; without, such an id stays an indexing error."""
+        table = self.t.get(mask_table)
+        vocab = self.config.vocab_size
+        rows = ids.clamp(max=vocab - 1) if table is not None else ids
+        if "tok_embeddings.token_rows" in self.t:  # an embedding over the head's rows: id -> row first
+            rows = self.t["tok_embeddings.token_rows"][rows].to(torch.long)
+        return rows, None if table is None else (ids - vocab).clamp(0, table.shape[0] - 1)
 
     def _table_rows(self, name: str, rows: Tensor) -> Tensor:
         """Rows of an int8 table with per-row multipliers -> int32 residual values [T, D]."""
