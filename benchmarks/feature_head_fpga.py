@@ -82,7 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also decode N test prompts end to end (the first N / sources of each source; fp32 target "
                         "on this CPU): plain, the float and int8 heads as k-chains and as --e2e-trees")
     p.add_argument("--e2e-k", type=int, default=4)
-    p.add_argument("--e2e-trees", default="3,2,2,1,1;dynamic:16", help="tree shapes, ';'-separated")
+    p.add_argument("--e2e-trees", default="3,2,2,1,1;dynamic:16", help="tree shapes, ';'-separated ('' = none)")
+    p.add_argument("--e2e-int4", action="store_true", help="also the int4 head as a k-chain, end to end")
     p.add_argument("--write-prompts", default="",
                    help="only write the test split's prompts to this JSON file in gpu_speed.py's --prompts-file "
                         "format (source by source, the first --test-per-source of each), then stop")
@@ -162,6 +163,9 @@ def main(argv=None) -> dict:
     for flag, path in (("--write-prompts", args.write_prompts), ("--output", args.output)):
         if path:  # refused in one line now, not after the target's continuations
             check_output_file(path, flag)
+    if args.head and not args.write_prompts and args.variants and load_config(args.head).block_size:
+        raise UserError(f"{args.head} drafts blocks (dfvg_block_size), and the replayed variants draft chains: pass "
+                        "--variants '' and measure it end to end (--e2e-prompts N --e2e-trees '' --e2e-int4)")
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.target)
@@ -303,6 +307,10 @@ def end_to_end(args, prompts: list[data.Prompt]) -> dict:
     head_cpu = make_drafter(args.head, "cpu", torch.float32, verifier.vocab_size, fast=False, verifier=verifier)
     rows = [("plain", None, 0, None), (f"float_k{args.e2e_k}", head_cpu, args.e2e_k, None),
             (f"int8_k{args.e2e_k}", head_fpga, args.e2e_k, None)]
+    if args.e2e_int4:  # the int4 datapath (FpgaFeatureDrafter bits=4), beside int8
+        head_int4 = make_drafter(args.head, "fpga", torch.float32, verifier.vocab_size, verifier=verifier, bits=4,
+                                 group_size=args.group_size)
+        rows.append((f"int4_k{args.e2e_k}", head_int4, args.e2e_k, None))
     for shape in filter(None, args.e2e_trees.split(";")):
         spec = parse_tree_spec(shape)
         rows += [(f"int8_tree_{shape}", head_fpga, spec.depth(args.e2e_k), spec),

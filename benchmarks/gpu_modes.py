@@ -18,9 +18,10 @@ MODE_ROWS = (1, 5, 16, 17, 33, 48, 64)
 ITEMS = (2, 4, 8)  # attention work items per SM timed beside the shipped count (`decode_attention.ITEMS_PER_SM`)
 # the merge launch's (splits a step at a short context, else, columns a program) timed beside the shipped pieces
 # (`decode_attention.COMBINE_*`)
-# (8 and 16 columns: 2-4x the merge programs, for a long context, where 48 programs at T = 1 each merge 512 splits)
-MERGES = ((64, 64, 32), (16, 16, 32), (16, 64, 128), (16, 64, 16), (16, 64, 8))
-FEW_ROW_MERGES = (5, 8)  # `decode_attention.COMBINE_FEW_ROWS` timed beside the shipped value (16 columns up to these)
+# (8 and 16 columns: 2-4x the merge programs, for a long context, where 48 programs at T = 1 each merge 512 splits;
+# 64, 128 and 256 splits a step: 8, 4 and 2 dependent steps of that merge, which ncu found latency bound; 256 ships)
+MERGES = ((64, 64, 32), (16, 16, 32), (16, 64, 32), (16, 128, 32), (16, 256, 32), (16, 256, 128), (16, 256, 16),
+          (16, 256, 8))
 TALL_TILES = (32, 64)  # row-tile heights timed beside the shipped one (`fused.TILE_ROWS`)
 MODE_CONTEXTS = (512, 32704)  # (gpu_rows.py --mode-contexts replaces them)
 # weight columns per row a GEMV program prefetches to L2 in the streaming-ahead modes: a third of a 1536-wide row,
@@ -36,7 +37,7 @@ def current_mode() -> dict:
             "early": fused.EPILOGUE_FIRST, "norm_in_producer": fused.NORM_IN_PRODUCER_ABOVE,
             "tall_above": fused.TALL_TILES_ABOVE, "items": decode_attention.ITEMS_PER_SM,
             "merge": (decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS,
-                      decode_attention.COMBINE_COLUMNS), "merge_few": decode_attention.COMBINE_FEW_ROWS,
+                      decode_attention.COMBINE_COLUMNS),
             "loads_first": fused.RMS_LOADS_FIRST,
             "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM}
 
@@ -53,7 +54,7 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     for every launch or one tall tile for unnormalized swapped launches over 16 rows (`fused.TALL_TILES_ABOVE`,
     flipped), the attention's split launch aiming at other work items per SM (`decode_attention.ITEMS_PER_SM`:
     ITEMS), its merge launch in other pieces (`decode_attention.COMBINE_*`: MERGES; other bits, the same for every
-    T) or in narrower pieces in launches of few rows only (`decode_attention.COMBINE_FEW_ROWS`: FEW_ROW_MERGES),
+    T),
     gate/up's RMSNorm factored across the O launch and gate/up (`fused.FACTORED_NORM`, flipped) and QKV's and
     the head's across the down launch and them (`fused.FACTORED_QKV_NORM`, flipped), RMSNorm's row loads issued
     together or one 512-column step after another (`fused.RMS_LOADS_FIRST`, flipped), and the GEMVs streaming ahead
@@ -94,11 +95,7 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     for short, splits, columns in (pieces for pieces in MERGES if pieces != shipped["merge"]):
         up_to = f" ({short} where a row's positions fill up to {short})" if short != splits else ""
         modes[f"shipped, attention merging {splits} splits a step{up_to}, {columns} columns a program"] = {
-            **shipped, "merge": (short, splits, columns), "merge_few": None}
-    for few in (FEW_ROW_MERGES if shipped["merge_few"] is None else (None,)):  # COMBINE_FEW_ROWS, flipped
-        which = f"{shipped['merge'][2]} columns a program at every row count" if few is None else \
-            f"{decode_attention.COMBINE_COLUMNS_FEW} columns a program up to {few} rows"
-        modes[f"shipped, attention merging {which}"] = {**shipped, "merge_few": few}
+            **shipped, "merge": (short, splits, columns)}
     ahead = {(0, True): "next launch triggered after the weight loop"}
     for columns in PREFETCHES:
         ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",
@@ -116,7 +113,6 @@ def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
     decode_attention.SPLIT_PROGRAMS_PER_SM, decode_attention.ITEMS_PER_SM = mode["split_programs"], mode["items"]
     decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS, decode_attention.COMBINE_COLUMNS = mode["merge"]
-    decode_attention.COMBINE_FEW_ROWS = mode["merge_few"]
     fused.RMS_LOADS_FIRST, fused.FACTORED_NORM = mode["loads_first"], mode["factored"]
     fused.FACTORED_QKV_NORM = mode["factored_qkv"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's

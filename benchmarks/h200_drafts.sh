@@ -5,7 +5,7 @@
 #     learning rates;
 #   - a deeper chain draft, 5 x 512 (docs/distill.md's sizing table: on chip at int8), trained as the shipped
 #     4 x 512 was (same data, steps and learning rate; from the target's PCA).
-# Both train at once (small drafts leave the GPU mostly idle), then one gpu_speed run times DFVG plain, the
+# They train at once (small drafts leave the GPU mostly idle; TRAIN_AT_ONCE), then one gpu_speed run times DFVG plain, the
 # shipped draft, the feature head and both new drafts on the 20 held-out HumanEval prompts (k = 3 and 4), every
 # row through Engine.decode, the product's path. The training logs end with the exact teacher-forced acceptance
 # on the test split by source (HumanEval, ShareGPT).
@@ -26,16 +26,15 @@
 # timing: the block run validation chooses on the emulated FPGA datapath, gpu_speed's fpga phase at k = 4, out fpga/;
 # its folder tarred and split in 15 MiB pieces, out ship/, for the device tool's 16 MiB files), NCU_ROWS (e.g. "1,5":
 # before the modes, ncu_step.py over the first 14 launches of those steps at NCU_CONTEXT, default 32704; out ncu/).
+# BLOCK_INIT_FROM (the block drafters' --init-from, default the shipped draft, whose training prompts include the
+# validation split, so their validation tau is not held out; '' = from the target's PCA, as the deeper chain, and
+# then BLOCK_STEPS should be about 2000), TRAIN_AT_ONCE (trainers on the GPU at a time; default: all of them on a card of 100 GB or more, else 3: on an
+# H100's 80 GB six trainers at once ran two of them out of memory on 2026-12-07; the block feature head starts first).
 # OUT must not be /root/out (the device tool's, emptied each call).
 set -euo pipefail
 chunks=$1
 out=$2
-case $out in /root/out | /root/out/*) echo "error: $out is the device tool's \$OUT, emptied at every call" >&2; exit 2;; esac
-mkdir -p "$out"
-rm -rf /root/repo_d && cp -r "$(dirname "$0")/.." /root/repo_d && cd /root/repo_d
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
-source benchmarks/h200_weights.sh  # GGUFs to /root/cache/gguf, the shipped drafts into drafts/
+source "$(dirname "$0")/lease_start.sh" /root/repo_d  # the repository copy, the GPU's name, the weights
 D=drafts/qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768
 export GGUF_DIR=/root/cache/gguf DFVG_CACHE=/root/dfvg-cache RESULTS=/root/distill TIME_BUDGET=1500
 DEEP_SHAPE=${DEEP_SHAPE-5:512:32768}
@@ -52,18 +51,28 @@ fi
 if [ "${SKIP_TRAIN:-0}" != 1 ]; then
   bash benchmarks/distill_h200.sh prepare teacher > "$out/teacher.log" 2>&1
   echo "TEACHER_DONE $(date -u +%T)"
-  for b in $BLOCK_SIZES; do for lr in $BLOCK_LRS; do
-    (BLOCK=$b INIT_FROM=$D STEPS=${BLOCK_STEPS:-1000} LR=$lr SUFFIX=-lr$lr SHAPES=4:512:32768 \
-      bash benchmarks/distill_h200.sh train > "$out/train_block$b-lr$lr.log" 2>&1; echo "BLOCK_DONE $b $lr $(date -u +%T)") &
-  done; done
-  if [ -n "$deep" ]; then
-    (SHAPES=$DEEP_SHAPE bash benchmarks/distill_h200.sh train > "$out/train_deep.log" 2>&1; echo "DEEP_DONE $(date -u +%T)") &
-  fi
+  gpu_gb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  at_once=${TRAIN_AT_ONCE:-$([ "${gpu_gb:-0}" -ge 100000 ] && echo 99 || echo 3)}
+  trainers=()
+  running() { local n=0 pid; for pid in "${trainers[@]}"; do kill -0 "$pid" 2>/dev/null && n=$((n + 1)); done; echo $n; }
+  slot() { while [ "$(running)" -ge "$at_once" ]; do wait -n || true; done; }  # trainers only, not the GPU tests
   if [ -n "${FEATURE_BLOCK:-}" ]; then  # a block feature head from the shipped head (timed below with the others)
     (FEATURE_HEAD=1 BLOCK=$FEATURE_BLOCK INIT_FROM=$D-fh STEPS=${FEATURE_BLOCK_STEPS:-1000} LR=${FEATURE_BLOCK_LR:-1e-3} \
       SHAPES=4:512:32768 bash benchmarks/distill_h200.sh train > "$out/train_feature_block.log" 2>&1
      cp -f "$RESULTS/l4-d512-v32768-fh-b$FEATURE_BLOCK/distill_recipe.json" "$out/feature_block_recipe.json" || true
      echo "FEATURE_BLOCK_DONE $(date -u +%T)") &
+    trainers+=($!)
+  fi
+  for b in $BLOCK_SIZES; do for lr in $BLOCK_LRS; do
+    slot
+    (BLOCK=$b INIT_FROM=${BLOCK_INIT_FROM-$D} STEPS=${BLOCK_STEPS:-1000} LR=$lr SUFFIX=-lr$lr SHAPES=4:512:32768 \
+      bash benchmarks/distill_h200.sh train > "$out/train_block$b-lr$lr.log" 2>&1; echo "BLOCK_DONE $b $lr $(date -u +%T)") &
+    trainers+=($!)
+  done; done
+  if [ -n "$deep" ]; then
+    slot
+    (SHAPES=$DEEP_SHAPE bash benchmarks/distill_h200.sh train > "$out/train_deep.log" 2>&1; echo "DEEP_DONE $(date -u +%T)") &
+    trainers+=($!)
   fi
   wait
   for b in $blocks; do cp -f "$b/distill_recipe.json" "$out/$(basename "$b")_recipe.json" || true; done
@@ -82,7 +91,9 @@ python3 benchmarks/speed_breakdown.py "$out/speed/dfvg.json" | tee "$out/breakdo
 echo "DRAFTS_DONE $(date -u +%T)"
 if [ -n "${FPGA_BLOCK:-}" ] && [ -n "$blocks" ]; then
   # The block run validation chooses (its recipe's validation tau at k = 4), on the emulated FPGA datapath: the
-  # gpu_speed fpga phase (int8, on this GPU) beside its float rows above; then its folder, split for $OUT.
+  # gpu_speed fpga phase (int8, on this GPU) beside its float rows above; then its folder, split for $OUT. (Runs
+  # started from the shipped draft were trained on prompts of that validation split: it ranks them, biased alike,
+  # but is no held-out figure; RESULTS.md, 2026-12-07 09:41.)
   chosen=$(python3 - $blocks <<'PY'
 import json, sys
 from pathlib import Path

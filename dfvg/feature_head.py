@@ -128,6 +128,12 @@ def committed_features(verifier, start: int, end: int) -> Tensor:
     return torch.cat([rows.new_zeros(1, rows.shape[1]), rows]) if start == 0 else rows
 
 
+def with_mask_rows(features: Tensor, k: int) -> Tensor:
+    """A block feature head's pass inputs: the committed rows' features [c, H], then zeros for its k - 1 mask rows
+    (they read no feature, as training teacher-forces them: dfvg.distill.block). Every path drafts with these."""
+    return torch.cat([features, features.new_zeros(k - 1, features.shape[1])])
+
+
 class FeatureCatchUp:
     """The cache contract of every drafter of a feature head (`FeatureDrafter`, the FPGA datapath's
     `FpgaFeatureDrafter`): positions below `true_len` were fed with the target's features, those a block fed
@@ -238,8 +244,7 @@ class BlockFeatureDrafter(FeatureDrafter):
             return DraftBlock([], None, time.perf_counter() - start)
         fed_from = min(self.true_len, len(context) - 1)  # always feed at least the last token
         true = self._true_features(fed_from, len(context))
-        features = torch.cat([true, true.new_zeros(k - 1, true.shape[1])])
-        logits = self._last_rows(context[fed_from:] + body.mask_ids[: k - 1], fed_from, features, k)
+        logits = self._last_rows(context[fed_from:] + body.mask_ids[: k - 1], fed_from, with_mask_rows(true, k), k)
         self.cached_len = self.true_len = len(context)
         return block_of_rows(logits, sampling, generator, self.device, start)
 

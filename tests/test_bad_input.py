@@ -52,7 +52,9 @@ def inputs(tmp_path_factory, tiny_pair) -> Path:
               "gpt2": {"config.json": json.dumps({**json.loads((target / "config.json").read_text()),
                                                   "model_type": "gpt2"})},
               "strtype": {"config.json": json.dumps({**json.loads((target / "config.json").read_text()),
-                                                     "hidden_size": "64"})}}
+                                                     "hidden_size": "64"})},
+              "blockcfg": {"config.json": json.dumps({**json.loads((target / "config.json").read_text()),
+                                                      "dfvg_block_size": 4})}}
     for name, files in broken.items():
         shutil.copytree(target, w / name)
         for file, content in files.items():
@@ -263,6 +265,8 @@ CASES: dict[str, Case] = {
                                             "nowhere"), "nowhere/humaneval.jsonl is missing"),
     "head-fpga-prompts-into-a-folder": Case(("benchmarks/feature_head_fpga.py", "--target", "target",
                                              "--write-prompts", "target"), "--write-prompts target is a directory"),
+    "head-fpga-block-head-replayed": Case(("benchmarks/feature_head_fpga.py", "--target", "target", "--head",
+                                           "blockcfg"), "blockcfg drafts blocks (dfvg_block_size), and the replayed"),
     # benchmarks/fpga_reproject.py: the recorded report it re-projects
     "reproject-missing-summary": Case(("benchmarks/fpga_reproject.py", "--summary", "nowhere.json", "--target",
                                        "target"), "not a readable performance_summary.json"),

@@ -252,7 +252,6 @@ def shipped_switches() -> dict:
             "items": decode_attention.ITEMS_PER_SM, "merge": (decode_attention.COMBINE_SHORT,
                                                               decode_attention.COMBINE_SPLITS,
                                                               decode_attention.COMBINE_COLUMNS),
-            "merge_few": decode_attention.COMBINE_FEW_ROWS,
             "loads_first": fused.RMS_LOADS_FIRST, "factored": fused.FACTORED_NORM,
             "factored_qkv": fused.FACTORED_QKV_NORM}
 
@@ -332,12 +331,8 @@ def test_gpu_rows_times_the_verify_switches_each_flipped():
                     if above != shipped["tall_above"]]
     items = [mode for name, mode in modes.items() if "work items per SM" in name]
     assert items == [{**shipped, "items": n} for n in gpu_modes.ITEMS if n != shipped["items"]] and items
-    merging = [mode for name, mode in modes.items() if "attention merging" in name]
-    merges = [mode for mode in merging if mode["merge"] != shipped["merge"]]
-    assert merges == [{**shipped, "merge": pair, "merge_few": None} for pair in gpu_modes.MERGES
-                      if pair != shipped["merge"]] and merges
-    few = [mode for mode in merging if mode["merge"] == shipped["merge"]]
-    assert few == [{**shipped, "merge_few": rows} for rows in gpu_modes.FEW_ROW_MERGES]  # shipped: None
+    merges = [mode for name, mode in modes.items() if "attention merging" in name]
+    assert merges == [{**shipped, "merge": pair} for pair in gpu_modes.MERGES if pair != shipped["merge"]] and merges
     loads = [mode for name, mode in modes.items() if "row loads issued" in name]
     assert loads == [{**shipped, "loads_first": not shipped["loads_first"]}]
     factored = [mode for name, mode in modes.items() if "ffn norm" in name]
@@ -354,9 +349,6 @@ def test_gpu_rows_times_the_verify_switches_each_flipped():
         gpu_modes._set_mode(merges[-1], tables)
         assert (decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS,
                 decode_attention.COMBINE_COLUMNS) == merges[-1]["merge"]
-        gpu_modes._set_mode(few[0], tables)
-        assert decode_attention.merge_columns(few[0]["merge_few"]) == decode_attention.COMBINE_COLUMNS_FEW
-        assert decode_attention.merge_columns(few[0]["merge_few"] + 1) == decode_attention.COMBINE_COLUMNS
         gpu_modes._set_mode(items[-1], tables)
         assert decode_attention.ITEMS_PER_SM == items[-1]["items"] != shipped["items"]
         gpu_modes._set_mode(tall[0], tables)

@@ -229,19 +229,16 @@ ATTENTION_SPLIT = 64  # cache slots per attention program
 # The merge launch: splits a program merges per loop step (COMBINE_SHORT where a row's positions fill at most that
 # many splits, else COMBINE_SPLITS; the two equal: always that), and head columns per program. They group a row's sums
 # by its own position, never by T. Against 64 at every context (H100, context 512): 16 a step 0.989x at T = 1, 0.977x
-# at T = 64, but 1.13x at T = 1 at a 32k context, hence two (RESULTS.md, 2026-12-06 afternoon). gpu_modes.py times.
-COMBINE_SPLITS = 64
+# at T = 64, but 1.13x at T = 1 at a 32k context, hence two (RESULTS.md, 2026-12-06 afternoon). At a 32k context a
+# merge program's 512 splits are dependent loop steps, latency bound (ncu: 27 us a layer at T = 1); 256 a step
+# against 64: whole step 0.853x at T = 1, 0.865x at T = 5, 0.89-0.93x to T = 64 (H100, 2026-12-07 10:13; a 512-token
+# context does not take that path). gpu_modes.py times.
+COMBINE_SPLITS = 256
 COMBINE_SHORT = 16
 COMBINE_COLUMNS = 32
-# Launches of at most COMBINE_FEW_ROWS rows merge COMBINE_COLUMNS_FEW columns a program (None: COMBINE_COLUMNS at every
-# row count): at a long context a one-row step's 48 merge programs each walk 512 splits. A column's merge does not
-# read the other columns, and whole-model logits were bit-identical with 8, 16 and 32 columns at each T timed (1, 5,
-# 16, 17, 33, 48, 64), so the width may follow T (its GPU invariance test,
-# `test_few_row_merge_width_keeps_rows_invariant_on_gpu`, has still to run). 16 columns at every row count against
-# 32 (H100, RESULTS.md 2026-12-07): ctx 32,704 T = 1 0.956x, T = 5 0.949x, T >= 16 1.02-1.08x; ctx 512
-# 1.003-1.034x. Off until a lease times this split by T.
-COMBINE_FEW_ROWS: int | None = None
-COMBINE_COLUMNS_FEW = 16
+# The width is the same at every row count: a launch's columns change the order in which a program sums its splits.
+# 16 columns a program for one-row launches and 32 for larger ones gave 15 of 64 rows other bits than their
+# one-row steps at a 1,100-token context (H100, 2026-12-07 09:46, RESULTS.md), so the merge width never follows T.
 
 
 TILE = 16  # query rows of one attention tile: one token's GQA heads, padded (the smallest MMA height)
@@ -280,12 +277,6 @@ def _programs_wanted(device: torch.device) -> int:
     return ITEMS_PER_SM * _multiprocessors(device)
 
 
-def merge_columns(rows: int) -> int:
-    """Head columns a merge program takes in a launch of `rows` rows (`COMBINE_FEW_ROWS`)."""
-    few = COMBINE_FEW_ROWS is not None and rows <= COMBINE_FEW_ROWS
-    return COMBINE_COLUMNS_FEW if few else COMBINE_COLUMNS
-
-
 def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
               tree: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """q [T, H*hd] (rotated) over cache kc/vc [S, KV, hd] at slots <= pos[t] -> [T, H*hd] bf16.
@@ -307,7 +298,7 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
                                   BM=TILE, BS=ATTENTION_SPLIT, TREE=tree is not None,
                                   DEPTH=anc.shape[-1] if tree else 1, PDL=pdl, num_warps=4, launch_pdl=pdl)
     out = torch.empty_like(q)
-    block_d = min(hd, merge_columns(rows))
+    block_d = min(hd, COMBINE_COLUMNS)
     _attention_combine_kernel[(heads, rows, hd // block_d)](
         pos, m, l_sum, acc, out, rows, HEADS=heads, KV_HEADS=kv_heads, HD=hd, BM=TILE, BS=ATTENTION_SPLIT,
         NS=COMBINE_SPLITS, SHORT=COMBINE_SHORT, BD=block_d, PDL=pdl, TRIGGER=trigger, num_warps=4, launch_pdl=pdl)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from dfvg.drafter import DraftBlock, fit_vocab
-from dfvg.feature_head import BlockFeatureDrafter, FeatureDrafter, FeatureHead
+from dfvg.feature_head import BlockFeatureDrafter, FeatureDrafter, FeatureHead, with_mask_rows
 from dfvg.gpu.graph_drafter import mask_tokens, take_drafts
 from dfvg.gpu.graphs import PREFILL_CHUNK, SCRATCH, GraphModel
 from dfvg.gpu.tree_rows import TreeRows
@@ -195,8 +195,8 @@ def feature_block_pass(head: FeatureHead, gm: GraphModel, ids: Tensor, pos: Tens
     argmax of the last real row and of each mask row. Shared by its block graph and the fused device step."""
     c, k = ids.shape[0], drafts.shape[1]
     rows = torch.cat([ids, masks[: k - 1]])
-    inputs = torch.cat([features, features.new_zeros(k - 1, features.shape[1])])
-    logits, _ = head_rows(head, gm, rows, inputs, pos[0] + torch.arange(c + k - 1, device=ids.device), last_only=False)
+    positions = pos[0] + torch.arange(c + k - 1, device=ids.device)
+    logits, _ = head_rows(head, gm, rows, with_mask_rows(features, k), positions, last_only=False)
     take_drafts(logits[None, c - 1:, :vocab], drafts, None, 0)
     return drafts
 

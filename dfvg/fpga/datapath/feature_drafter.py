@@ -26,7 +26,7 @@ from dfvg.checkpoint import load_config
 from dfvg.devices import resolve_device, synchronize
 from dfvg.drafter import DraftBlock
 from dfvg.errors import UserError
-from dfvg.feature_head import FeatureCatchUp, committed_features
+from dfvg.feature_head import FeatureCatchUp, committed_features, with_mask_rows
 from dfvg.fpga.board.boards import get_board
 from dfvg.fpga.board.latency import DesignParams, model_block
 from dfvg.fpga.board.workload import draft_workload
@@ -114,7 +114,7 @@ class FpgaFeatureDrafter(FeatureCatchUp):
         ids = torch.tensor(context[fed_from:] + self.model.config.mask_ids[: k - 1], dtype=torch.long,
                            device=self.device)
         rows = torch.arange(ids.shape[0] - k, ids.shape[0], device=self.device)
-        logits, _ = self.model.step(ids, torch.cat([true, true.new_zeros(k - 1, true.shape[1])]), fed_from, rows=rows)
+        logits, _ = self.model.step(ids, with_mask_rows(true, k), fed_from, rows=rows)
         self.cached_len = self.true_len = len(context)
         tokens = self.model.tokens(logits, self.vocab_limit).tolist()
         synchronize(self.device)
