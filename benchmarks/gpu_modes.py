@@ -22,6 +22,10 @@ ITEMS = (2, 4, 8)  # attention work items per SM timed beside the shipped count 
 # 64, 128 and 256 splits a step: 8, 4 and 2 dependent steps of that merge, which ncu found latency bound; 256 ships)
 MERGES = ((64, 64, 32), (16, 16, 32), (16, 64, 32), (16, 128, 32), (16, 256, 32), (16, 256, 128), (16, 256, 16),
           (16, 256, 8))
+# cache slots a split of the attention's split launch timed beside the shipped 64 (`decode_attention.ATTENTION_SPLIT`):
+# half the partial states to write and merge (3.3 MB a layer at a 32k context, T = 1); `gpu/compile_sm90.py
+# --attention` shows the same programs a SM can hold (2 against 4 at 64), so the same bytes in flight
+SPLIT_SLOTS = (128,)
 TALL_TILES = (32, 64)  # row-tile heights timed beside the shipped one (`fused.TILE_ROWS`)
 MODE_CONTEXTS = (512, 32704)  # (gpu_rows.py --mode-contexts replaces them)
 # weight columns per row a GEMV program prefetches to L2 in the streaming-ahead modes: a third of a 1536-wide row,
@@ -37,7 +41,7 @@ def current_mode() -> dict:
             "early": fused.EPILOGUE_FIRST, "norm_in_producer": fused.NORM_IN_PRODUCER_ABOVE,
             "tall_above": fused.TALL_TILES_ABOVE, "items": decode_attention.ITEMS_PER_SM,
             "merge": (decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS,
-                      decode_attention.COMBINE_COLUMNS),
+                      decode_attention.COMBINE_COLUMNS), "slots": decode_attention.ATTENTION_SPLIT,
             "loads_first": fused.RMS_LOADS_FIRST,
             "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM}
 
@@ -54,7 +58,7 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     for every launch or one tall tile for unnormalized swapped launches over 16 rows (`fused.TALL_TILES_ABOVE`,
     flipped), the attention's split launch aiming at other work items per SM (`decode_attention.ITEMS_PER_SM`:
     ITEMS), its merge launch in other pieces (`decode_attention.COMBINE_*`: MERGES; other bits, the same for every
-    T),
+    T), its splits over other cache slots (`decode_attention.ATTENTION_SPLIT`: SPLIT_SLOTS; other bits, alike),
     gate/up's RMSNorm factored across the O launch and gate/up (`fused.FACTORED_NORM`, flipped) and QKV's and
     the head's across the down launch and them (`fused.FACTORED_QKV_NORM`, flipped), RMSNorm's row loads issued
     together or one 512-column step after another (`fused.RMS_LOADS_FIRST`, flipped), and the GEMVs streaming ahead
@@ -96,6 +100,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
         up_to = f" ({short} where a row's positions fill up to {short})" if short != splits else ""
         modes[f"shipped, attention merging {splits} splits a step{up_to}, {columns} columns a program"] = {
             **shipped, "merge": (short, splits, columns)}
+    modes |= {f"shipped, attention splits of {slots} cache slots": {**shipped, "slots": slots}
+              for slots in SPLIT_SLOTS if slots != shipped["slots"]}
     ahead = {(0, True): "next launch triggered after the weight loop"}
     for columns in PREFETCHES:
         ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",
@@ -113,6 +119,7 @@ def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     decode_attention.PDL, decode_attention.SHARE_KV = mode["pdl"], mode["share_kv"]
     decode_attention.SPLIT_PROGRAMS_PER_SM, decode_attention.ITEMS_PER_SM = mode["split_programs"], mode["items"]
     decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS, decode_attention.COMBINE_COLUMNS = mode["merge"]
+    decode_attention.ATTENTION_SPLIT = mode["slots"]
     fused.RMS_LOADS_FIRST, fused.FACTORED_NORM = mode["loads_first"], mode["factored"]
     fused.FACTORED_QKV_NORM = mode["factored_qkv"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's

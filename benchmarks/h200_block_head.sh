@@ -4,7 +4,7 @@
 # draft and the chain head on the 20 held-out HumanEval prompts and on held-out ShareGPT (k = 4, bf16, greedy, one
 # gpu_speed run each, every row through Engine.decode), then its int8 FPGA datapath (emulated on the GPU, sync,
 # k = 4; board time modeled) on the HumanEval prompts; then the step's cost at 512 to 32k tokens, the 64-split merge
-# beside the shipped one, and ncu at 32k.
+# and splits of 128 cache slots beside the shipped step, and ncu at 32k.
 #
 #   carry: .chunks/p (device_pack.py: the target GGUF and the three shipped drafts, one chunk a call),
 #          .chunks/prompts.json, .chunks/sharegpt_test.json (feature_head_fpga.py --write-prompts), .whl
@@ -29,10 +29,10 @@ python3 benchmarks/gpu_speed.py --phases fpga --fpga-head "$D-fh-b4" --fpga-ks 4
   --work-dir /root/w --prompts-file .chunks/prompts.json --prompts 20 --results /root/fpga --out "$out/fpga" \
   > "$out/fpga.log" 2>&1 || echo "the FPGA phase failed (fpga.log)"
 echo "BLOCK_HEAD_DONE $(date -u +%T)"
-# issue 16's cost against context with the 256-split merge (random weights of the target's shapes; ms against context
-# plotted in contexts/), then the 32k step's first launches under ncu (H100s; an H200 says why not)
+# issue 16's cost against context with the 256-split merge, and with 128-slot splits (random weights of the target's
+# shapes; ms against context plotted in contexts/), then the 32k step's first launches under ncu (H100s; an H200 says why not)
 python3 benchmarks/gpu_rows.py --modes-only --mode-contexts 512,2048,8192,32704 \
-  --modes "K/V shared, 8 split programs per SM (shipped);shipped, attention merging 64 splits a step (16 where a row's positions fill up to 16), 32 columns a program" \
+  --modes "K/V shared, 8 split programs per SM (shipped);shipped, attention merging 64 splits a step (16 where a row's positions fill up to 16), 32 columns a program;shipped, attention splits of 128 cache slots" \
   --out "$out/contexts" > "$out/contexts.log" 2>&1 || echo "the context run failed (contexts.log)"
 python3 benchmarks/ncu_step.py --rows 1,5 --kernels 14 --context 32704 --out "$out/ncu" > "$out/ncu.log" 2>&1 || \
   echo "ncu did not run (ncu.log)"

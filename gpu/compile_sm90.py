@@ -21,6 +21,7 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
     python gpu/compile_sm90.py --unfactored-norm 16    # fused.FACTORED_NORM off: gate/up normalizes its own x
     python gpu/compile_sm90.py --unfactored-qkv-norm 16  # fused.FACTORED_QKV_NORM off: QKV and the LM head
                                                          # normalize their own x (on: down stores out * g and sums)
+    python gpu/compile_sm90.py --attention       # the attention split launch at 64, 128 and 256 cache slots a split
 """
 
 from __future__ import annotations
@@ -159,6 +160,28 @@ def describe(height: int, shape: tuple[int, int], ahead: bool = False, cfg: dict
             f"cp.async {copies:3d}  shared {kernel.metadata.shared / 1024:6.1f} KiB  {fit}{ahead_part}")
 
 
+ATTENTION = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pos_ptr": "*i64", "root_ptr": "*i64",
+             "anc_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "rows": "i32", "wanted": "i32",
+             "scale": "fp32"}
+
+
+def describe_attention(slots: int) -> str:
+    """One line: the attention split launch of the 1.5B target (12 heads, 2 kv heads of 128) with `slots` cache slots
+    a split (`decode_attention.ATTENTION_SPLIT`), as `attention` launches it (4 warps, a chain): shared memory,
+    registers, programs per SM, and the items of a one-row step at a 32k context against the programs that fit."""
+    from dfvg.gpu import decode_attention
+
+    consts = {"HEADS": 12, "KV_HEADS": 2, "HD": 128, "F32": False, "BM": decode_attention.TILE, "BS": slots,
+              "TREE": False, "DEPTH": 1, "PDL": True}
+    kernel = compiled(decode_attention._attention_split_kernel, ATTENTION, consts, {"num_warps": 4, "num_stages": 3})
+    regs, shared = registers(kernel.asm["cubin"]), kernel.metadata.shared
+    per_sm = programs_per_sm(regs, 4, shared) if regs else 0
+    items = 2 * -(-32704 // slots)
+    fit = f"regs {regs:3d}  programs/SM {per_sm:2d}  32k items / resident programs {items / (per_sm * SMS):5.2f}" \
+        if per_sm else "regs   ?"
+    return f"attention split  {slots:3d} slots  shared {shared / 1024:6.1f} KiB  {fit}"
+
+
 def describe_or_why_not(height: int, shape: tuple[int, int], ahead: bool, cfg: dict) -> str:
     """`describe`, or one line where Triton cannot build the launch with these block sizes (a sweep's result,
     as `gpu_rows.time_launch` counts it, not a crash)."""
@@ -210,6 +233,9 @@ def main(argv: list[str]) -> None:
     """Print one line per launch (or per block size of --shape's launch over --space) and row-tile height."""
     if not HAVE_TRITON:
         sys.exit("error: Triton is not installed (pip install triton; CUDA builds of torch ship it)")
+    if "--attention" in argv:
+        print("\n".join(describe_attention(slots) for slots in (64, 128, 256)), flush=True)
+        return
     ahead = "--stream-ahead" in argv
     fused.EPILOGUE_FIRST = fused.EPILOGUE_FIRST or "--epilogue-first" in argv
     fused.STACKED_PAIR = fused.STACKED_PAIR and "--unstacked" not in argv

@@ -252,8 +252,8 @@ def shipped_switches() -> dict:
             "items": decode_attention.ITEMS_PER_SM, "merge": (decode_attention.COMBINE_SHORT,
                                                               decode_attention.COMBINE_SPLITS,
                                                               decode_attention.COMBINE_COLUMNS),
-            "loads_first": fused.RMS_LOADS_FIRST, "factored": fused.FACTORED_NORM,
-            "factored_qkv": fused.FACTORED_QKV_NORM}
+            "slots": decode_attention.ATTENTION_SPLIT, "loads_first": fused.RMS_LOADS_FIRST,
+            "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM}
 
 
 def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
@@ -319,8 +319,8 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
 
 
 def test_gpu_rows_times_the_verify_switches_each_flipped():
-    """Tall tiles, attention items per SM, the merge's widths and the factored norm: each other value one mode
-    beside the shipped ones, set for the captures and restored after."""
+    """Tall tiles, attention items per SM, the merge's widths, the split's slots and the factored norm: each other
+    value one mode beside the shipped ones, set for the captures and restored after."""
     from benchmarks import gpu_modes
     from dfvg.gpu import block_sizes, decode_attention, fused
 
@@ -333,6 +333,8 @@ def test_gpu_rows_times_the_verify_switches_each_flipped():
     assert items == [{**shipped, "items": n} for n in gpu_modes.ITEMS if n != shipped["items"]] and items
     merges = [mode for name, mode in modes.items() if "attention merging" in name]
     assert merges == [{**shipped, "merge": pair} for pair in gpu_modes.MERGES if pair != shipped["merge"]] and merges
+    slots = [mode for name, mode in modes.items() if "attention splits of" in name]
+    assert slots == [{**shipped, "slots": n} for n in gpu_modes.SPLIT_SLOTS if n != shipped["slots"]] and slots
     loads = [mode for name, mode in modes.items() if "row loads issued" in name]
     assert loads == [{**shipped, "loads_first": not shipped["loads_first"]}]
     factored = [mode for name, mode in modes.items() if "ffn norm" in name]
@@ -351,6 +353,8 @@ def test_gpu_rows_times_the_verify_switches_each_flipped():
                 decode_attention.COMBINE_COLUMNS) == merges[-1]["merge"]
         gpu_modes._set_mode(items[-1], tables)
         assert decode_attention.ITEMS_PER_SM == items[-1]["items"] != shipped["items"]
+        gpu_modes._set_mode(slots[0], tables)
+        assert decode_attention.ATTENTION_SPLIT == slots[0]["slots"] != shipped["slots"]
         gpu_modes._set_mode(tall[0], tables)
         assert fused.TALL_TILES_ABOVE == tall[0]["tall_above"] != shipped["tall_above"]
     finally:

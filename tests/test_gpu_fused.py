@@ -656,12 +656,13 @@ def factored_qkv_checks(device: str) -> list[float]:
     return [len(differ), *gaps, float(not torch.equal(whole, plain))]
 
 
-def merge_step_checks(device: str, splits: int) -> list[int]:
-    """`decode_attention.COMBINE_SPLITS` = `splits` (a row's splits merged that many a loop step where they are over
-    COMBINE_SHORT) through the fused stack (`stack_passes`) at a short context (2 splits) and a longer one (18), and on
-    CUDA at 16,400 tokens too (257 splits: several loop steps at every width up to 256): [rows of a T-row pass whose
-    logits differ in any bit from one-row passes run in order from the same old caches, 1 if some one-row logits
-    differ from the 64-split merge's (so the width changed the sums it was to keep invariant)]."""
+def attention_switch_checks(device: str, name: str, value: int) -> list[int]:
+    """`decode_attention.<name>` = `value` (COMBINE_SPLITS: a row's splits merged that many a loop step where they are
+    over COMBINE_SHORT; ATTENTION_SPLIT: cache slots a split) through the fused stack (`stack_passes`) at a short
+    context (2 splits of 64) and a longer one (18), and on CUDA at 16,400 tokens too (257 splits: several merge steps
+    at every width up to 256): [rows of a T-row pass whose logits differ in any bit from one-row passes run in order
+    from the same old caches, 1 if some one-row logits differ from those as shipped (so the switch changed the sums
+    it was to keep invariant)]."""
     from dfvg.gpu import decode_attention
 
     rows = 6 if device == "cpu" else 64
@@ -670,12 +671,11 @@ def merge_step_checks(device: str, splits: int) -> list[int]:
     differ, changed = 0, 0
     with torch.inference_mode():
         for start in starts:
-            with fused_switch("COMBINE_SPLITS", splits, decode_attention):
+            with fused_switch(name, value, decode_attention):
                 (whole, _), (alone, _) = run([(0, rows)], start), run([(i, i + 1) for i in range(rows)], start)
-            with fused_switch("COMBINE_SPLITS", 64, decode_attention):
-                (before, _) = run([(i, i + 1) for i in range(rows)], start)
+            (shipped, _) = run([(i, i + 1) for i in range(rows)], start)
             differ += sum(not torch.equal(whole[i], alone[i]) for i in range(rows))
-            changed = max(changed, int(not torch.equal(before, alone)))
+            changed = max(changed, int(not torch.equal(shipped, alone)))
     return [differ, changed]
 
 
@@ -767,7 +767,7 @@ def test_a_wider_merge_step_keeps_rows_invariant_under_triton_interpreter():
     """`decode_attention.COMBINE_SPLITS` = 256 (shipped; gpu_modes.py times it at a 32k context): every row of a
     6-row pass has its one-row logits, bit for bit, at a short and a long context (the GPU test is the one that can
     tell: the interpreter sums alike at any width)."""
-    assert interpreted("t.merge_step_checks('cpu', 256)")[0] == 0
+    assert interpreted("t.attention_switch_checks('cpu', 'COMBINE_SPLITS', 256)")[0] == 0
 
 
 @pytest.mark.gpu
@@ -778,8 +778,24 @@ def test_a_wider_merge_step_keeps_rows_invariant_on_gpu(splits):
     only, passed on an H100 on 2026-12-07; this one has not run on a GPU yet.)"""
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
-    differ, changed = merge_step_checks("cuda", splits)
+    differ, changed = attention_switch_checks("cuda", "COMBINE_SPLITS", splits)
     assert differ == 0, (differ, changed)
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
+def test_wider_attention_splits_keep_rows_invariant_under_triton_interpreter():
+    """`decode_attention.ATTENTION_SPLIT` = 128 (gpu_modes.py times it): every row of a 6-row pass has its one-row
+    logits, bit for bit, and the width changed the sums (a split's softmax groups other slots), so the check can
+    tell the switch was on."""
+    assert interpreted("t.attention_switch_checks('cpu', 'ATTENTION_SPLIT', 128)") == [0, 1]
+
+
+@pytest.mark.gpu
+def test_wider_attention_splits_keep_rows_invariant_on_gpu():
+    """As above on the GPU with 64 rows, up to 16,400 tokens: a split's slots are the same for every row count."""
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    assert attention_switch_checks("cuda", "ATTENTION_SPLIT", 128) == [0, 1]
 
 
 def test_a_one_warp_launch_keeps_gate_ups_own_norm():

@@ -137,6 +137,25 @@ def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
         assert bad.returncode == 1 and bad.stderr.startswith(f"error: {says}"), bad.stderr
 
 
+def test_sm90_compile_report_lists_the_attention_split_at_each_width():
+    """--attention: one line per split width (64, 128, 256 cache slots), each with its shared memory; with the
+    registers, programs per SM that shrink as a split's tile grows (more shared memory a program)."""
+    from dfvg.gpu.kernels import HAVE_TRITON
+
+    if not HAVE_TRITON:
+        pytest.skip("Triton is not installed")
+    done = subprocess.run([sys.executable, str(ROOT / "gpu" / "compile_sm90.py"), "--attention"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert [int(line.split("split")[1].split()[0]) for line in lines] == [64, 128, 256], lines
+    shared = [float(line.split("shared")[1].split()[0]) for line in lines]
+    assert shared == sorted(shared) and shared[0] > 0
+    if all("regs   ?" not in line for line in lines):
+        per_sm = [int(line.split("programs/SM")[1].split()[0]) for line in lines]
+        assert per_sm == sorted(per_sm, reverse=True) and per_sm[-1] >= 1, lines
+
+
 def compile_tool(needs_triton: bool = False):
     """gpu/compile_sm90.py as a module (the tests that compile skip without Triton)."""
     from dfvg.gpu.kernels import HAVE_TRITON

@@ -225,7 +225,10 @@ if HAVE_TRITON:
         tl.store(out_ptr + t * (HEADS * HD) + head * HD + d, out.to(tl.bfloat16))
 
 
-ATTENTION_SPLIT = 64  # cache slots per attention program
+# Cache slots a split. Compiled for sm_90 (`gpu/compile_sm90.py --attention`): 48 KiB of shared memory and 128
+# registers a program at 64, so 4 programs an SM hold 128 KiB of K/V in flight; 128 slots take 80 KiB (2 an SM, the
+# same bytes in flight) with half the partial states to write and merge. gpu_modes.py times 128 (not yet on a GPU).
+ATTENTION_SPLIT = 64
 # The merge launch: splits a program merges per loop step (COMBINE_SHORT where a row's positions fill at most that
 # many splits, else COMBINE_SPLITS; the two equal: always that), and head columns per program. They group a row's sums
 # by its own position, never by T. Against 64 at every context (H100, context 512): 16 a step 0.989x at T = 1, 0.977x
