@@ -130,7 +130,8 @@ def launch_modes(gm: GraphModel, tables: dict[str, list], only: list[str] | None
                  contexts: tuple[int, ...] = MODE_CONTEXTS) -> list[dict]:
     """ms per step of each (mode, context, T), the median over alternating rounds (so drift hits every mode
     alike), and whether the mode's logits equal the first mode's bit for bit (most switches change which program
-    computes a row, never how; other block sizes and merge widths may change the sums, alike for every T)."""
+    computes a row, never how; other block sizes, merge widths and split widths may change the sums, alike for
+    every T)."""
     vocab = gm.model.config.vocab_size
     modes = modes_of(tables)
     unknown = set(only or ()) - set(modes)

@@ -51,8 +51,8 @@ fi
 if [ "${SKIP_TRAIN:-0}" != 1 ]; then
   bash benchmarks/distill_h200.sh prepare teacher > "$out/teacher.log" 2>&1
   echo "TEACHER_DONE $(date -u +%T)"
-  gpu_gb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-  at_once=${TRAIN_AT_ONCE:-$([ "${gpu_gb:-0}" -ge 100000 ] && echo 99 || echo 3)}
+  gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  at_once=${TRAIN_AT_ONCE:-$([ "${gpu_mib:-0}" -ge 100000 ] && echo 99 || echo 3)}
   trainers=()
   running() { local n=0 pid; for pid in "${trainers[@]}"; do kill -0 "$pid" 2>/dev/null && n=$((n + 1)); done; echo $n; }
   slot() { while [ "$(running)" -ge "$at_once" ]; do wait -n || true; done; }  # trainers only, not the GPU tests

@@ -1,8 +1,8 @@
 """Decode/verify attention for the fused layers: split over cache slots (flash decoding), then merged.
 
 Why split: one program per query head walks ~400 cache slots one tile after another (16.6 us per layer on
-the H200); with one program per (kv head, 64-slot split) every program reads one K and one V tile, and a
-second launch merges the partial softmax states. The GQA query heads of one token share a tile. A verify
+the H200); with one program per (kv head, 64-slot split: `ATTENTION_SPLIT`) every program reads one K and one V
+tile, and a second launch merges the partial softmax states. The GQA query heads of one token share a tile. A verify
 step's tokens share a split's K/V load when the context alone fills the GPU (`SHARE_KV`), so K/V are read once
 per step; at a short context the tokens spread over more work items (more parallel work, K/V from L2).
 
@@ -286,7 +286,8 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
 
     tree = (root [1], anc [T, D]) for token-tree rows (`dfvg.gpu.tree_device`): positions past root[0] read
     the slots anc[t, position - root - 1]. The last row must have the highest position. Two launches: per
-    (kv head, 64-slot split, token group) partial softmax, then the merge per (head, token, 32 columns)."""
+    (kv head, split of ATTENTION_SPLIT slots, token group) partial softmax, then the merge per (head, token, 32
+    columns)."""
     heads, kv_heads, hd, _, _ = dims
     rows = q.shape[0]
     splits = triton.cdiv(kc.shape[0], ATTENTION_SPLIT)

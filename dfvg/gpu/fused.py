@@ -4,7 +4,7 @@ Why: at batch 1 a 1.5B decode step reads 3 GB of weights (0.72 ms at 4.3 TB/s), 
 replays ~20 kernels per layer; inside a CUDA graph each still costs microseconds. Here a layer is
 
 1. `qkv_rope`:     RMSNorm -> x Wqkv^T + b -> RoPE on q and k -> q to a buffer, k and v into the cache at pos
-2. `attention`:    per (kv head, 64-slot split, token group) partial softmax, then the merge
+2. `attention`:    per (kv head, cache split, token group) partial softmax, then the merge
 3. `linear_then_scaled`: x + attn Wo^T (+ b), which also writes x * g and x's sums of squares per output block
 4. `fused_linear`: silu(xg Wg^T) * (xg Wu^T), each sum scaled by 1/RMS of launch 3's block sums (`FACTORED_NORM`;
    off: RMSNorm first, in this launch or, over 16 rows, by launch 3's `linear_then_norm`)
