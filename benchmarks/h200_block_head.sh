@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The next lease for issues 15 and 16, in one job: the GPU tests still owed (the 256-split attention merge at 16,400
-# tokens, splits of 128 cache slots, the block head's CUDA test), then the shipped block feature head timed beside DFVG plain, the distilled
-# draft and the chain head on the 20 held-out HumanEval prompts and on held-out ShareGPT (k = 4, bf16, greedy, one
-# gpu_speed run each, every row through Engine.decode), then its int8 FPGA datapath (emulated on the GPU, sync,
-# k = 4; board time modeled) on the HumanEval prompts; then the step's cost at 512 to 32k tokens, the 64-split merge
-# and splits of 128 cache slots beside the shipped step, and ncu at 32k; last, the prefill paths (issue 16, item 2:
-# prefill at least at cuBLAS speed; `graphs.LONG_PROMPT` = 512 is still an estimate).
+# tokens, splits of 128 cache slots, the block head's CUDA test), then the shipped block feature head timed beside
+# DFVG plain, the distilled draft and the chain head on the 20 held-out HumanEval prompts and on held-out ShareGPT
+# (k = 4, bf16, greedy, one gpu_speed run each, every row through Engine.decode), then its int8 FPGA datapath
+# (emulated on the GPU, sync, k = 4; board time modeled) on the HumanEval prompts; then the step's cost at 512 to 32k
+# tokens, the 64-split merge and splits of 128 cache slots beside the shipped step, ncu at 32k and the step's
+# timeline (what each launch adds in the graph, step_timeline.py); last, the prefill paths (issue 16, item 2: prefill
+# at least at cuBLAS speed; `graphs.LONG_PROMPT` = 512 is still an estimate).
 #
 #   carry: .chunks/p (device_pack.py: the target GGUF and the three shipped drafts, one chunk a call),
 #          .chunks/prompts.json (gpu_speed.py --write-prompts), .chunks/sharegpt_test.json
@@ -40,6 +41,9 @@ python3 benchmarks/gpu_rows.py --modes-only --mode-contexts 512,2048,8192,32704 
 python3 benchmarks/ncu_step.py --rows 1,5 --kernels 14 --context 32704 --out "$out/ncu" > "$out/ncu.log" 2>&1 || \
   echo "ncu did not run (ncu.log)"
 echo "CONTEXTS_DONE $(date -u +%T)"
+# what each launch kind adds to the replayed step in its graph (CUPTI; ncu above times each kernel alone)
+python3 benchmarks/step_timeline.py --rows 1,5,16,64 --contexts 512,32704 --out "$out/timeline" \
+  > "$out/timeline.log" 2>&1 || echo "the timeline run failed (timeline.log)"
 timeout 300 python3 benchmarks/gpu_decode.py --prefill-only --models qwen2.5-coder-1.5b --out "$out/prefill" \
   > "$out/prefill.log" 2>&1 || echo "the prefill run failed (prefill.log)"
 echo "PREFILL_DONE $(date -u +%T)"
