@@ -26,6 +26,11 @@ MERGES = ((64, 64, 32), (16, 16, 32), (16, 64, 32), (16, 128, 32), (16, 256, 32)
 # half the partial states to write and merge (3.3 MB a layer at a 32k context, T = 1); `gpu/compile_sm90.py
 # --attention` shows the same programs a SM can hold (2 against 4 at 64), so the same bytes in flight
 SPLIT_SLOTS = (128,)
+# programs a SM of the split launch timed beside the shipped 8 (`decode_attention.SPLIT_PROGRAMS_PER_SM`): 4 of the
+# shipped split's programs fit a SM (48 KiB of shared memory and 128 registers each, `compile_sm90.py --attention`),
+# so 8 dispatches twice those, the rest each waiting for a slot (at a 512-token context most find no work item and
+# exit); items are taken in turn, so the bits are the same
+SPLIT_PROGRAMS = (4,)
 TALL_TILES = (32, 64)  # row-tile heights timed beside the shipped one (`fused.TILE_ROWS`)
 MODE_CONTEXTS = (512, 32704)  # (gpu_rows.py --mode-contexts replaces them)
 # weight columns per row a GEMV program prefetches to L2 in the streaming-ahead modes: a third of a 1536-wide row,
@@ -58,7 +63,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     for every launch or one tall tile for unnormalized swapped launches over 16 rows (`fused.TALL_TILES_ABOVE`,
     flipped), the attention's split launch aiming at other work items per SM (`decode_attention.ITEMS_PER_SM`:
     ITEMS), its merge launch in other pieces (`decode_attention.COMBINE_*`: MERGES; other bits, the same for every
-    T), its splits over other cache slots (`decode_attention.ATTENTION_SPLIT`: SPLIT_SLOTS; other bits, alike),
+    T), its splits over other cache slots (`decode_attention.ATTENTION_SPLIT`: SPLIT_SLOTS; other bits, alike), its
+    programs a SM (`decode_attention.SPLIT_PROGRAMS_PER_SM`: SPLIT_PROGRAMS; the same bits),
     gate/up's RMSNorm factored across the O launch and gate/up (`fused.FACTORED_NORM`, flipped) and QKV's and
     the head's across the down launch and them (`fused.FACTORED_QKV_NORM`, flipped), RMSNorm's row loads issued
     together or one 512-column step after another (`fused.RMS_LOADS_FIRST`, flipped), and the GEMVs streaming ahead
@@ -102,6 +108,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
             **shipped, "merge": (short, splits, columns)}
     modes |= {f"shipped, attention splits of {slots} cache slots": {**shipped, "slots": slots}
               for slots in SPLIT_SLOTS if slots != shipped["slots"]}
+    modes |= {f"shipped, {programs} split programs per SM": {**shipped, "split_programs": programs}
+              for programs in SPLIT_PROGRAMS if programs != shipped["split_programs"]}
     ahead = {(0, True): "next launch triggered after the weight loop"}
     for columns in PREFETCHES:
         ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",

@@ -36,7 +36,7 @@ echo "BLOCK_HEAD_DONE $(date -u +%T)"
 # issue 16's cost against context with the 256-split merge, and with 128-slot splits (random weights of the target's
 # shapes; ms against context plotted in contexts/), then the 32k step's first launches under ncu (H100s; an H200 says why not)
 python3 benchmarks/gpu_rows.py --modes-only --mode-contexts 512,2048,8192,32704 \
-  --modes "K/V shared, 8 split programs per SM (shipped);shipped, attention merging 64 splits a step (16 where a row's positions fill up to 16), 32 columns a program;shipped, attention splits of 128 cache slots" \
+  --modes "K/V shared, 8 split programs per SM (shipped);shipped, attention merging 64 splits a step (16 where a row's positions fill up to 16), 32 columns a program;shipped, attention splits of 128 cache slots;shipped, 4 split programs per SM" \
   --out "$out/contexts" > "$out/contexts.log" 2>&1 || echo "the context run failed (contexts.log)"
 python3 benchmarks/ncu_step.py --rows 1,5 --kernels 14 --context 32704 --out "$out/ncu" > "$out/ncu.log" 2>&1 || \
   echo "ncu did not run (ncu.log)"

@@ -335,6 +335,10 @@ def test_gpu_rows_times_the_verify_switches_each_flipped():
     assert merges == [{**shipped, "merge": pair} for pair in gpu_modes.MERGES if pair != shipped["merge"]] and merges
     slots = [mode for name, mode in modes.items() if "attention splits of" in name]
     assert slots == [{**shipped, "slots": n} for n in gpu_modes.SPLIT_SLOTS if n != shipped["slots"]] and slots
+    programs = [mode for name, mode in modes.items()
+                if name.startswith("shipped, ") and "split programs per SM" in name]
+    assert programs == [{**shipped, "split_programs": n} for n in gpu_modes.SPLIT_PROGRAMS
+                        if n != shipped["split_programs"]] and programs
     loads = [mode for name, mode in modes.items() if "row loads issued" in name]
     assert loads == [{**shipped, "loads_first": not shipped["loads_first"]}]
     factored = [mode for name, mode in modes.items() if "ffn norm" in name]
@@ -355,6 +359,8 @@ def test_gpu_rows_times_the_verify_switches_each_flipped():
         assert decode_attention.ITEMS_PER_SM == items[-1]["items"] != shipped["items"]
         gpu_modes._set_mode(slots[0], tables)
         assert decode_attention.ATTENTION_SPLIT == slots[0]["slots"] != shipped["slots"]
+        gpu_modes._set_mode(programs[0], tables)
+        assert decode_attention.SPLIT_PROGRAMS_PER_SM == programs[0]["split_programs"] != shipped["split_programs"]
         gpu_modes._set_mode(tall[0], tables)
         assert fused.TALL_TILES_ABOVE == tall[0]["tall_above"] != shipped["tall_above"]
     finally:

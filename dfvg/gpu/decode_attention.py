@@ -251,7 +251,8 @@ SHARE_KV = True
 
 
 # Programs of the attention split launch per SM, each taking work items in turn (None: one program per
-# (kv head, split, token) of the cache's capacity, most of them idle at a short context; benchmarks compare).
+# (kv head, split, token) of the cache's capacity, most of them idle at a short context; benchmarks compare). 4 of
+# them fit a SM at once (`gpu/compile_sm90.py --attention`); gpu_modes.py times 4 beside 8 (not yet on a GPU).
 SPLIT_PROGRAMS_PER_SM: int | None = 8
 
 
