@@ -477,3 +477,25 @@ def test_tree_step_counts_the_trees_extra_launches_on_a_cpu(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--device", "cpu", "--trees", "3,x", "--out", str(tmp_path)])
     assert "--tree must be" in capsys.readouterr().err
+
+
+def test_the_lease_scripts_parse_and_name_known_modes():
+    """Every lease script under benchmarks/ parses (`bash -n`), and each launch mode a script asks gpu_rows.py for is
+    one gpu_modes.py defines: a misspelt mode stops the run only on the device, after its lease has started."""
+    import re
+    import subprocess
+
+    from benchmarks import gpu_modes
+    from dfvg.gpu import block_sizes
+
+    root = Path(__file__).resolve().parents[1]
+    known = gpu_modes.modes_of({"shipped": block_sizes.tuned_rows()})
+    scripts = sorted((root / "benchmarks").glob("*.sh"))
+    assert any(script.name == "h200_kernels.sh" for script in scripts)
+    for script in scripts:
+        parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert parsed.returncode == 0, (script.name, parsed.stderr)
+        text = script.read_text()
+        for asked in re.findall(r'gpu_rows\.py[^\n]*(?:\\\n[^\n]*)*?--modes "([^"$]+)"', text):
+            unknown = [name for name in asked.split(";") if name.strip() and name.strip() not in known]
+            assert not unknown, (script.name, unknown)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 16 on random weights of the 1.5B target's shapes, in one job that carries no weights (one call with the
+# tree, then polling): the GPU tests still owed (the 256-split attention merge at 16,400 tokens, splits of 128 cache
+# slots, every row-invariance case), then what each launch kind adds to the replayed step in its graph
+# (step_timeline.py at 512 and 32,704 tokens), the step's cost at 512 to 32k tokens with the shipped attention beside
+# the 64-split merge, 128-slot splits and 4 split programs a SM (gpu_rows.py modes, plotted), ncu of the 32k step's
+# first launches and of the gate/up launch with its source counters (H100s; an H200 says why not in one line), and
+# last the prefill paths against one cuBLAS pass (gpu_decode.py --prefill-only; issue 16, item 2).
+#
+#   carry: nothing past the tree (move drafts/ and the dated result folders out first: the tree must be < 64 MiB)
+#   (setsid nohup bash benchmarks/h200_kernels.sh /root/kout > /root/k.log 2>&1 &)
+# OUT must not be /root/out (the device tool's, emptied each call).
+set -euo pipefail
+chunks=""
+out=$1
+source "$(dirname "$0")/lease_start.sh" /root/repo_k  # the repository copy and the GPU's name (no weights)
+python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_gpu_fused.py > "$out/gpu_tests.log" 2>&1 || \
+  echo "some GPU test failed (gpu_tests.log)"
+echo "GPU_TESTS_DONE $(date -u +%T)"
+python3 benchmarks/step_timeline.py --rows 1,5,16,64 --contexts 512,32704 --out "$out/timeline" \
+  > "$out/timeline.log" 2>&1 || echo "the timeline run failed (timeline.log)"
+echo "TIMELINE_DONE $(date -u +%T)"
+python3 benchmarks/gpu_rows.py --modes-only --mode-contexts 512,2048,8192,32704 \
+  --modes "K/V shared, 8 split programs per SM (shipped);shipped, attention merging 64 splits a step (16 where a row's positions fill up to 16), 32 columns a program;shipped, attention splits of 128 cache slots;shipped, 4 split programs per SM" \
+  --out "$out/contexts" > "$out/contexts.log" 2>&1 || echo "the context run failed (contexts.log)"
+echo "CONTEXTS_DONE $(date -u +%T)"
+python3 benchmarks/ncu_step.py --rows 1,5 --kernels 14 --context 32704 --out "$out/ncu" > "$out/ncu.log" 2>&1 || \
+  echo "ncu did not run (ncu.log)"
+python3 benchmarks/ncu_step.py --launch w13 --rows 1 --out "$out/ncu_w13" > "$out/ncu_w13.log" 2>&1 || \
+  echo "ncu of gate/up did not run (ncu_w13.log)"
+echo "NCU_DONE $(date -u +%T)"
+timeout 300 python3 benchmarks/gpu_decode.py --prefill-only --models qwen2.5-coder-1.5b --out "$out/prefill" \
+  > "$out/prefill.log" 2>&1 || echo "the prefill run failed (prefill.log)"
+echo "PREFILL_DONE $(date -u +%T)"
