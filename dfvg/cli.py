@@ -47,7 +47,8 @@ def add_generate_parser(commands) -> None:
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--draft-length", type=int, default=4, help="k: draft tokens per verify step")
     gen.add_argument("--tree", help="token-tree speculation: branching per depth (e.g. 2,2,1) or dynamic:N (a "
-                                    "budget of N nodes, --draft-length deep); verified eagerly (no CUDA graphs)")
+                                    "budget of N nodes, --draft-length deep); a greedy tree on CUDA graphs is one "
+                                    "captured device step, others run eagerly")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
