@@ -24,7 +24,7 @@ MERGES = ((64, 64, 32), (16, 16, 32), (16, 64, 32), (16, 128, 32), (16, 256, 32)
           (16, 256, 8))
 # cache slots a split of the attention's split launch timed beside the shipped 64 (`decode_attention.ATTENTION_SPLIT`):
 # half the partial states to write and merge (3.3 MB a layer at a 32k context, T = 1); `gpu/compile_sm90.py
-# --attention` shows the same programs a SM can hold (2 against 4 at 64), so the same bytes in flight
+# --attention` fits 2 of its programs a SM against 4 at 64 slots, so the same K/V bytes in flight
 SPLIT_SLOTS = (128,)
 # programs a SM of the split launch timed beside the shipped 8 (`decode_attention.SPLIT_PROGRAMS_PER_SM`): 4 of the
 # shipped split's programs fit a SM (48 KiB of shared memory and 128 registers each, `compile_sm90.py --attention`),

@@ -173,10 +173,11 @@ def describe_attention(slots: int) -> str:
 
     consts = {"HEADS": 12, "KV_HEADS": 2, "HD": 128, "F32": False, "BM": decode_attention.TILE, "BS": slots,
               "TREE": False, "DEPTH": 1, "PDL": True}
-    kernel = compiled(decode_attention._attention_split_kernel, ATTENTION, consts, {"num_warps": 4, "num_stages": 3})
+    cfg = {"num_warps": 4, "num_stages": 3}  # `attention`'s launch (Triton's default stages)
+    kernel = compiled(decode_attention._attention_split_kernel, ATTENTION, consts, cfg)
     regs, shared = registers(kernel.asm["cubin"]), kernel.metadata.shared
-    per_sm = programs_per_sm(regs, 4, shared) if regs else 0
-    items = 2 * -(-32704 // slots)
+    per_sm = programs_per_sm(regs, cfg["num_warps"], shared) if regs else 0
+    items = consts["KV_HEADS"] * -(-32704 // slots)  # (kv head, split) items of a one-row step at 32,704 tokens
     fit = f"regs {regs:3d}  programs/SM {per_sm:2d}  32k items / resident programs {items / (per_sm * SMS):5.2f}" \
         if per_sm else "regs   ?"
     return f"attention split  {slots:3d} slots  shared {shared / 1024:6.1f} KiB  {fit}"

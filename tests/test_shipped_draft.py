@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from dfvg.checkpoint import is_feature_head, load_model
-from dfvg.feature_head import load_feature_head
+from dfvg.feature_head import load_feature_head, with_mask_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "drafts" / "qwen2.5-coder-1.5b-instruct-fpga-l4-d512-v32768"
@@ -87,8 +87,7 @@ def test_shipped_block_head_is_intact_and_drafts_a_block_in_one_pass():
     assert cfg.block_size == 4 and len(cfg.mask_ids) >= 3
     ids = torch.tensor([[151643, 750, 15801, *cfg.mask_ids[:3]]])
     positions, rows = torch.arange(6)[None], torch.arange(2, 6)
-    features = torch.randn(1, 6, 1536, generator=torch.Generator().manual_seed(0))
-    features[0, 3:] = 0
+    features = with_mask_rows(torch.randn(3, 1536, generator=torch.Generator().manual_seed(0)), 4)[None]
 
     def drafts(feats):
         head.body.setup_cache(1, 8)
