@@ -48,7 +48,7 @@ def current_mode() -> dict:
             "merge": (decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS,
                       decode_attention.COMBINE_COLUMNS), "slots": decode_attention.ATTENTION_SPLIT,
             "loads_first": fused.RMS_LOADS_FIRST,
-            "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM}
+            "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM, "tma": fused.TMA_WEIGHTS}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
@@ -68,7 +68,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     gate/up's RMSNorm factored across the O launch and gate/up (`fused.FACTORED_NORM`, flipped) and QKV's and
     the head's across the down launch and them (`fused.FACTORED_QKV_NORM`, flipped), RMSNorm's row loads issued
     together or one 512-column step after another (`fused.RMS_LOADS_FIRST`, flipped), and the GEMVs streaming ahead
-    (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together)."""
+    (`fused.PREFETCH_COLUMNS` of PREFETCHES, `decode_attention.EARLY_TRIGGER`: each, and together), and the swapped
+    launches' weight tiles by TMA copies or per-thread loads (`fused.TMA_WEIGHTS`, flipped; the same bits)."""
     shipped = current_mode()
     modes = {"K/V per token, a split program per (kv, split, token)": {**shipped, "share_kv": False,
                                                                       "split_programs": None},
@@ -102,6 +103,10 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     modes[f"shipped, {qkv}"] = {**shipped, "factored_qkv": not shipped["factored_qkv"]}
     order = "one after another" if shipped["loads_first"] else "together"  # fused.RMS_LOADS_FIRST flipped
     modes[f"shipped, RMSNorm's row loads issued {order}"] = {**shipped, "loads_first": not shipped["loads_first"]}
+    tiles = "per-thread loads" if shipped["tma"] else "TMA"  # fused.TMA_WEIGHTS flipped (with each other table too)
+    modes[f"shipped, weights through {tiles}"] = {**shipped, "tma": not shipped["tma"]}
+    modes |= {f"{name} block sizes, weights through {tiles}": {**shipped, "table": name, "tma": not shipped["tma"]}
+              for name in tables if name != "shipped"}
     for short, splits, columns in (pieces for pieces in MERGES if pieces != shipped["merge"]):
         up_to = f" ({short} where a row's positions fill up to {short})" if short != splits else ""
         modes[f"shipped, attention merging {splits} splits a step{up_to}, {columns} columns a program"] = {
@@ -129,7 +134,7 @@ def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS, decode_attention.COMBINE_COLUMNS = mode["merge"]
     decode_attention.ATTENTION_SPLIT = mode["slots"]
     fused.RMS_LOADS_FIRST, fused.FACTORED_NORM = mode["loads_first"], mode["factored"]
-    fused.FACTORED_QKV_NORM = mode["factored_qkv"]
+    fused.FACTORED_QKV_NORM, fused.TMA_WEIGHTS = mode["factored_qkv"], mode["tma"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's
     block_sizes.TUNED.update({(n, k): config for n, k, config in tables[mode["table"]]})
 

@@ -22,6 +22,7 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
     python gpu/compile_sm90.py --unfactored-qkv-norm 16  # fused.FACTORED_QKV_NORM off: QKV and the LM head
                                                          # normalize their own x (on: down stores out * g and sums)
     python gpu/compile_sm90.py --attention       # the attention split launch at 64, 128 and 256 cache slots a split
+    python gpu/compile_sm90.py --gpu H100 --tma 16  # fused.TMA_WEIGHTS on: swapped launches copy weights by TMA
 """
 
 from __future__ import annotations
@@ -62,11 +63,21 @@ def compiled(fn, types: dict, consts: dict, cfg: dict):
     from triton.compiler import ASTSource
 
     names = list(inspect.signature(fn.fn).parameters)
+    if "w_desc" in names:  # a fused GEMV launch
+        types = {**types, "w_desc": _descriptor_type(consts, cfg)}
+        if not consts.get("TMA"):
+            consts = {**consts, "w_desc": None}  # (the launch passes None: a constexpr)
     signature = {n: "constexpr" if n in consts else types[n] for n in names}
     hints = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if signature[n].startswith("*") or n in DIVISIBLE}
     return triton.compile(ASTSource(fn, signature, consts, attrs=hints), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+
+
+def _descriptor_type(consts: dict, cfg: dict) -> str:
+    """The weight descriptor's type as `fused._weight_tiles` builds it: [1, 2 or 1, BN, BK] blocks of bf16."""
+    halves = 2 if consts.get("SWIGLU", True) else 1  # QKV + RoPE (no SWIGLU key) takes a head's two halves
+    return f"tensordesc<bf16[1,{halves},{consts['BN']},{cfg['BK']}]>"
 
 
 # Compile the launches of a step over 16 rows (`fused.NORM_IN_PRODUCER_ABOVE`): the O launch normalizes gate/up's
@@ -86,7 +97,8 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
     common = {"K": shape[1], "F32": False, "BT": height, "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
               "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": fused.STACKED_PAIR, "PDL": True,
               "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead, "THREADS": 32 * cfg["num_warps"],
-              "EARLY": fused.EPILOGUE_FIRST, "LOADS_FIRST": fused.RMS_LOADS_FIRST}
+              "EARLY": fused.EPILOGUE_FIRST, "LOADS_FIRST": fused.RMS_LOADS_FIRST,
+              "TMA": fused.TMA_WEIGHTS and bool(cfg.get("SWAP_AB", 0)) and fused.STACKED_PAIR}
     down_blocks = -(-1536 // table[(1536, 8960)]["BN"])  # the down launch's output blocks: QKV's / the head's sums
     qkv_factored = fused.FACTORED_QKV_NORM  # down stores out * g and its sums, QKV (past layer 0) and the head scale
     if what.startswith("qkv"):
@@ -243,10 +255,11 @@ def main(argv: list[str]) -> None:
     fused.RMS_LOADS_FIRST = fused.RMS_LOADS_FIRST and "--rms-loads-in-turn" not in argv
     fused.FACTORED_NORM = fused.FACTORED_NORM and "--unfactored-norm" not in argv
     fused.FACTORED_QKV_NORM = fused.FACTORED_QKV_NORM and "--unfactored-qkv-norm" not in argv
+    fused.TMA_WEIGHTS = fused.TMA_WEIGHTS or "--tma" in argv
     global OVER_ONE_TILE
     OVER_ONE_TILE = "--over-16-rows" in argv
     switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--over-16-rows", "--rms-loads-in-turn",
-                "--unfactored-norm", "--unfactored-qkv-norm")
+                "--unfactored-norm", "--unfactored-qkv-norm", "--tma")
     argv = [a for a in argv if a not in switches]
     shape_text, space_text = _option(argv, "--shape", "8960x1536"), _option(argv, "--space", "'BK=128,256'")
     gpu = _option(argv, "--gpu", "H100")

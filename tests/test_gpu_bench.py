@@ -481,7 +481,8 @@ def test_tree_step_counts_the_trees_extra_launches_on_a_cpu(tmp_path, capsys):
 
 def test_the_lease_scripts_parse_and_name_known_modes():
     """Every lease script under benchmarks/ parses (`bash -n`), and each launch mode a script asks gpu_rows.py for is
-    one gpu_modes.py defines: a misspelt mode stops the run only on the device, after its lease has started."""
+    one gpu_modes.py defines: a misspelt mode stops the run only on the device, after its lease has started. (The
+    "given" table's modes exist where the command passes --tuned, the "swept" one's with --sweep.)"""
     import re
     import subprocess
 
@@ -489,13 +490,15 @@ def test_the_lease_scripts_parse_and_name_known_modes():
     from dfvg.gpu import block_sizes
 
     root = Path(__file__).resolve().parents[1]
-    known = gpu_modes.modes_of({"shipped": block_sizes.tuned_rows()})
+    rows = block_sizes.tuned_rows()
+    known = gpu_modes.modes_of({"shipped": rows, "given": rows, "swept": rows})
     scripts = sorted((root / "benchmarks").glob("*.sh"))
     assert any(script.name == "h200_kernels.sh" for script in scripts)
     for script in scripts:
         parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert parsed.returncode == 0, (script.name, parsed.stderr)
         text = script.read_text()
-        for asked in re.findall(r'gpu_rows\.py[^\n]*(?:\\\n[^\n]*)*?--modes "([^"$]+)"', text):
+        for command, asked in re.findall(r'(gpu_rows\.py[^\n]*(?:\\\n[^\n]*)*?)--modes "([^"$]+)"', text):
             unknown = [name for name in asked.split(";") if name.strip() and name.strip() not in known]
             assert not unknown, (script.name, unknown)
+            assert "given" not in asked or "--tuned" in command, (script.name, "a given table's mode without --tuned")

@@ -47,6 +47,7 @@ from dfvg.gpu.decode_attention import INTERPRETED, attention, early_trigger_on, 
 from dfvg.gpu.gemv_stream import ROW_COUNTERS, new_counters, row_counters, split_buffers
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.gpu.tree_rows import TreeRows
+from dfvg.gpu.weight_tiles import describable, weight_descriptor
 
 # Rows of one tensor-core tile: 16, the smallest MMA height (read at each launch; a captured graph keeps its own).
 TILE_ROWS = 16
@@ -85,6 +86,10 @@ FACTORED_NORM = True
 # input is the embedding). Other bits, the same for every T (GPU tests). Against off (H200, RESULTS.md 2026-12-06 20:51
 # UTC): ctx 512 T = 1 0.958x, T = 17 0.943x, T = 64 0.912x; T = 1..64 at 2k 0.929-0.965x, at 32k 0.976-0.985x.
 FACTORED_QKV_NORM = True
+# Swapped, stacked launches (SWAP_AB with STACKED_PAIR: all but the LM head on Hopper) take each K step's weight tile
+# by one TMA copy through a descriptor instead of per-thread cp.async loads (`dfvg.gpu.weight_tiles`); same products,
+# same order. Not yet timed on a GPU: off until a lease measures it (gpu_modes "shipped, weights through TMA").
+TMA_WEIGHTS = False
 
 if HAVE_TRITON:
     import triton
@@ -110,7 +115,8 @@ if HAVE_TRITON:
                        BK: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr,
                        PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr,
                        EARLY: tl.constexpr, xn_ptr, gn_ptr, row_count_ptr, NORM_OUT: tl.constexpr,
-                       LOADS_FIRST: tl.constexpr, sq_ptr, ROW_SCALE: tl.constexpr, SCALE_OUT: tl.constexpr):
+                       LOADS_FIRST: tl.constexpr, sq_ptr, ROW_SCALE: tl.constexpr, SCALE_OUT: tl.constexpr,
+                       w_desc, TMA: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU; with
         NORM_OUT (= N; 0: none), also xn = RMSNorm(out) * gn (`gemv_stream._normalize_rows`). `FACTORED_NORM`: with
         SCALE_OUT, also xn = out * gn and out's sums of squares per block to sq; with ROW_SCALE (the producer's
@@ -125,7 +131,7 @@ if HAVE_TRITON:
         if ROW_SCALE:  # loaded before the stream, added after it
             sums = _block_sums(sq_ptr, t0, rows, ROW_SCALE, BT)
         acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0, split * k_len, k_len, K,
-                              eps, NORM, SWIGLU, F32, BT, BN, BK, SWAP_AB, STACK, LOADS_FIRST)
+                              eps, NORM, SWIGLU, F32, BT, BN, BK, SWAP_AB, STACK, LOADS_FIRST, w_desc, 0, n0, TMA)
         _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
@@ -151,7 +157,7 @@ if HAVE_TRITON:
                          BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                          SWAP_AB: tl.constexpr, STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
                          TRIGGER: tl.constexpr, THREADS: tl.constexpr, EARLY: tl.constexpr,
-                         LOADS_FIRST: tl.constexpr, sq_ptr, ROW_SCALE: tl.constexpr):
+                         LOADS_FIRST: tl.constexpr, sq_ptr, ROW_SCALE: tl.constexpr, w_desc, TMA: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
         position on a chain; a token tree's nodes of one depth share a position but not a slot). ROW_SCALE (the
@@ -172,7 +178,7 @@ if HAVE_TRITON:
             sums = _block_sums(sq_ptr, t0, rows, ROW_SCALE, BT)
         acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
                                  rows, t0, split * k_len, k_len, K, eps, ROW_SCALE == 0, True, F32, BT, BN, BK,
-                                 SWAP_AB, STACK, LOADS_FIRST)
+                                 SWAP_AB, STACK, LOADS_FIRST, w_desc, head, (block % chunks) * BN, TMA)
         _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
@@ -211,11 +217,12 @@ def _tile_rows(rows: int, cfg: dict, normalizes: bool) -> int:
     return max(TILE_ROWS, min(MAX_ROWS, 1 << (rows - 1).bit_length()))
 
 
-def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows: int) -> dict:
+def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows: int, groups: int = 1) -> dict:
     """Keyword arguments of a fused GEMV launch: its block sizes, programmatic dependent launch where the GPU
     has it, and with it the weight prefetch and early trigger where switched on. A prefetch asks for whole
     16-byte units from 16-byte aligned rows (K and the column count multiples of 8), a piece per thread, so
-    not for more rows per program (two blocks of BN with `pair`) than the program has threads."""
+    not for more rows per program (two blocks of BN with `pair`) than the program has threads. With `TMA_WEIGHTS`,
+    a swapped, stacked launch gets its weight's descriptor (`groups` of blocks: the QKV weight's heads)."""
     pdl = pdl_on(x.device)
     threads = 32 * cfg["num_warps"]
     can_prefetch = (pdl and weight.data_ptr() % 16 == 0 and weight.shape[1] % 8 == 0
@@ -224,7 +231,17 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows:
             "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": STACKED_PAIR, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl,
             "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "TRIGGER": early_trigger_on(x.device),
-            "THREADS": threads, "EARLY": EPILOGUE_FIRST, "LOADS_FIRST": RMS_LOADS_FIRST}
+            "THREADS": threads, "EARLY": EPILOGUE_FIRST, "LOADS_FIRST": RMS_LOADS_FIRST,
+            **_weight_tiles(weight, cfg, pair, groups)}
+
+
+def _weight_tiles(weight: Tensor, cfg: dict, pair: bool, groups: int) -> dict:
+    """A launch's w_desc and TMA: the weight's descriptor where `TMA_WEIGHTS` is on, the launch is swapped and
+    stacked, and TMA can describe the weight (`weight_tiles.describable`); else None and False."""
+    tma = TMA_WEIGHTS and bool(cfg.get("SWAP_AB")) and STACKED_PAIR and describable(weight, groups, pair)
+    if not tma:
+        return {"w_desc": None, "TMA": False}
+    return {"w_desc": weight_descriptor(weight, groups, pair, cfg["BN"], cfg["BK"]), "TMA": True}
 
 
 def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias: Tensor | None = None,
@@ -303,7 +320,8 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
         x, norm, weight, bias if bias is not None else weight, pos, pos if slots is None else slots, cos, sin, q,
         kc, vc, parts, counters, rows, k,
         k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None, F32=INTERPRETED,
-        **_launch_options(x, weight, cfg, True, TILE_ROWS), sq_ptr=q if row_sums is None else row_sums,
+        **_launch_options(x, weight, cfg, True, TILE_ROWS, heads + 2 * kv_heads),
+        sq_ptr=q if row_sums is None else row_sums,
         ROW_SCALE=0 if row_sums is None else row_sums.shape[1])
     return q
 

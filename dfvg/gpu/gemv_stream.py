@@ -26,6 +26,7 @@ if HAVE_TRITON:
     import triton.language as tl
 
     from dfvg.gpu.decode_attention import _dot
+    from dfvg.gpu.weight_tiles import _described_tile, _stacked_tile, _w_tile
 
     # Columns of x per step of `_inv_rms`'s sum of squares: gate/up's own norm and the O launch's normalization for
     # it (`_normalize_rows`, with `fused.FACTORED_NORM` off) must step alike for a row's 1/RMS to have the same bits.
@@ -47,23 +48,6 @@ if HAVE_TRITON:
         k = k0 + tl.arange(0, BK)
         return tl.load(x_ptr + t[:, None] * x_stride + k[None, :], mask=(t[:, None] < rows) & (k[None, :] < K),
                        other=0.0, cache_modifier=".cg" if FROM_L2 else "")
-
-    @triton.jit
-    def _w_tile(w_ptr, row0, n_rows, K, k0, BN: tl.constexpr, BK: tl.constexpr):
-        n = row0 + tl.arange(0, BN)
-        k = k0 + tl.arange(0, BK)
-        return tl.load(w_ptr + n[:, None] * K + k[None, :], mask=(n[:, None] < n_rows) & (k[None, :] < K),
-                       other=0.0, eviction_policy="evict_first")
-
-    @triton.jit
-    def _stacked_tile(w_ptr, row0, row1, n_rows, K, k0, PAIR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        """Weight rows row0..row0+BN, then (with PAIR) row1..row1+BN, as one [2 BN, BK] tile ([BN, BK] without)."""
-        GROUPS: tl.constexpr = 2 if PAIR else 1
-        r = tl.arange(0, GROUPS * BN)
-        n = tl.where(r < BN, row0 + r, row1 + r - BN)
-        k = k0 + tl.arange(0, BK)
-        return tl.load(w_ptr + n[:, None] * K + k[None, :], mask=(n[:, None] < n_rows) & (k[None, :] < K),
-                       other=0.0, eviction_policy="evict_first")
 
     @triton.jit
     def _unstack(acc, PAIR: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
@@ -276,7 +260,8 @@ if HAVE_TRITON:
     @triton.jit
     def _stream(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K: tl.constexpr, eps,
                 NORM: tl.constexpr, PAIR: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr, LOADS_FIRST: tl.constexpr):
+                BK: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr, LOADS_FIRST: tl.constexpr,
+                w_desc=None, w_group=0, w_row=0, TMA: tl.constexpr = False):
         """Rows t0.. of A times weight rows row0..row0+BN (and row1.. with PAIR) over columns k_lo..k_lo+k_len
         -> float32 [BT, BN] x2; with NORM, A is RMSNorm(x) * g, rounded as `dfvg.model.RMSNorm` rounds.
 
@@ -286,10 +271,11 @@ if HAVE_TRITON:
         16-row tile, is an mma.sync that first copies each weight tile into registers (the gate/up launch: 250
         registers, 2 programs per SM). Either way each row's sum runs over k in the same order for every T.
         STACK (with SWAP_AB, `fused.STACKED_PAIR`): a pair's two weight blocks are one [2 BN, BK] operand of one MMA,
-        so each K step waits for one group of wgmmas, not two, and 8 warps split it by weight rows."""
+        so each K step waits for one group of wgmmas, not two, and 8 warps split it by weight rows. TMA (with both):
+        the tiles come through w_desc, at (w_group, w_row) (`dfvg.gpu.weight_tiles`)."""
         if SWAP_AB and STACK:
             return _stream_stacked(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K, eps,
-                                   NORM, PAIR, F32, BT, BN, BK, LOADS_FIRST)
+                                   NORM, PAIR, F32, BT, BN, BK, LOADS_FIRST, w_desc, w_group, w_row, TMA)
         rstd = _row_scales(x_ptr, x_stride, rows, t0, K, eps, NORM, BT, LOADS_FIRST)
         acc0 = tl.zeros((BN, BT) if SWAP_AB else (BT, BN), tl.float32)
         acc1 = tl.zeros((BN, BT) if SWAP_AB else (BT, BN), tl.float32)
@@ -317,14 +303,18 @@ if HAVE_TRITON:
     @triton.jit
     def _stream_stacked(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K: tl.constexpr,
                         eps, NORM: tl.constexpr, PAIR: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr,
-                        BN: tl.constexpr, BK: tl.constexpr, LOADS_FIRST: tl.constexpr):
+                        BN: tl.constexpr, BK: tl.constexpr, LOADS_FIRST: tl.constexpr, w_desc, w_group, w_row,
+                        TMA: tl.constexpr):
         """`_stream` with SWAP_AB and STACK: W x^T with the pair's blocks stacked into one MMA operand."""
         GROUPS: tl.constexpr = 2 if PAIR else 1
         rstd = _row_scales(x_ptr, x_stride, rows, t0, K, eps, NORM, BT, LOADS_FIRST)
         acc = tl.zeros((GROUPS * BN, BT), tl.float32)
         for k0 in range(k_lo, tl.minimum(k_lo + k_len, K), BK):
             g = _norm_weights(g_ptr, k0, K, NORM, BK)
-            w = _stacked_tile(w_ptr, row0, row1, n_rows, K, k0, PAIR, BN, BK)
+            if TMA:
+                w = _described_tile(w_desc, w_group, w_row, k0, PAIR, BN, BK)
+            else:
+                w = _stacked_tile(w_ptr, row0, row1, n_rows, K, k0, PAIR, BN, BK)
             a = _a_tile(x_ptr, x_stride, rows, t0, K, k0, rstd, g, NORM, BT, BK)
             acc += _dot(w, tl.trans(a), F32)
         return _unstack(acc, PAIR, BT, BN)
