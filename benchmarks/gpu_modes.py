@@ -26,11 +26,11 @@ MERGES = ((64, 64, 32), (16, 16, 32), (16, 64, 32), (16, 128, 32), (16, 256, 32)
 # half the partial states to write and merge (3.3 MB a layer at a 32k context, T = 1); `gpu/compile_sm90.py
 # --attention` fits 2 of its programs a SM against 4 at 64 slots, so the same K/V bytes in flight
 SPLIT_SLOTS = (128,)
-# programs a SM of the split launch timed beside the shipped 8 (`decode_attention.SPLIT_PROGRAMS_PER_SM`): 4 of the
-# shipped split's programs fit a SM (48 KiB of shared memory and 128 registers each, `compile_sm90.py --attention`),
-# so 8 dispatches twice those, the rest each waiting for a slot (at a 512-token context most find no work item and
-# exit); items are taken in turn, so the bits are the same
-SPLIT_PROGRAMS = (4,)
+# programs a SM of the split launch timed beside the shipped 4 (`decode_attention.SPLIT_PROGRAMS_PER_SM`): 4 of the
+# split's programs fit a SM (48 KiB of shared memory and 128 registers each, `compile_sm90.py --attention`), so 8
+# dispatches twice those, the rest each waiting for a slot (8 was shipped until 2026-12-07); items are taken in
+# turn, so the bits are the same
+SPLIT_PROGRAMS = (8,)
 TALL_TILES = (32, 64)  # row-tile heights timed beside the shipped one (`fused.TILE_ROWS`)
 MODE_CONTEXTS = (512, 32704)  # (gpu_rows.py --mode-contexts replaces them)
 # weight columns per row a GEMV program prefetches to L2 in the streaming-ahead modes: a third of a 1536-wide row,
@@ -93,8 +93,6 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
             32: "one tall tile over 32 rows", 48: "one tall tile over 48 rows"}
     modes |= {f"shipped, unnormalized swapped launches in {which}": {**shipped, "tall_above": above}
               for above, which in tall.items() if above != shipped["tall_above"]}
-    modes |= {f"shipped, attention aiming at {items} work items per SM": {**shipped, "items": items}
-              for items in ITEMS if items != shipped["items"]}
     factored = "ffn norm not factored" if shipped["factored"] else \
         "ffn norm factored: O stores out * g and row sums, gate/up scales by 1/RMS"  # fused.FACTORED_NORM flipped
     modes[f"shipped, {factored}"] = {**shipped, "factored": not shipped["factored"]}
@@ -107,21 +105,33 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
     modes[f"shipped, weights through {tiles}"] = {**shipped, "tma": not shipped["tma"]}
     modes |= {f"{name} block sizes, weights through {tiles}": {**shipped, "table": name, "tma": not shipped["tma"]}
               for name in tables if name != "shipped"}
+    return modes | _attention_modes(shipped) | _ahead_modes(shipped)
+
+
+def _attention_modes(shipped: dict) -> dict[str, dict]:
+    """`modes_of`' attention switches, each other value beside the shipped one: work items per SM, the merge's
+    pieces, the split's cache slots and the split launch's programs a SM."""
+    modes = {f"shipped, attention aiming at {items} work items per SM": {**shipped, "items": items}
+             for items in ITEMS if items != shipped["items"]}
     for short, splits, columns in (pieces for pieces in MERGES if pieces != shipped["merge"]):
         up_to = f" ({short} where a row's positions fill up to {short})" if short != splits else ""
         modes[f"shipped, attention merging {splits} splits a step{up_to}, {columns} columns a program"] = {
             **shipped, "merge": (short, splits, columns)}
     modes |= {f"shipped, attention splits of {slots} cache slots": {**shipped, "slots": slots}
               for slots in SPLIT_SLOTS if slots != shipped["slots"]}
-    modes |= {f"shipped, {programs} split programs per SM": {**shipped, "split_programs": programs}
-              for programs in SPLIT_PROGRAMS if programs != shipped["split_programs"]}
+    return modes | {f"shipped, {programs} split programs per SM": {**shipped, "split_programs": programs}
+                    for programs in SPLIT_PROGRAMS if programs != shipped["split_programs"]}
+
+
+def _ahead_modes(shipped: dict) -> dict[str, dict]:
+    """`modes_of`' streaming-ahead modes: the early trigger, the weight prefetch of each PREFETCHES width, and both."""
     ahead = {(0, True): "next launch triggered after the weight loop"}
     for columns in PREFETCHES:
         ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",
                   (columns, True): f"{columns}-column prefetch and early trigger"}
-    return modes | {f"shipped, {name}": {**shipped, "prefetch": prefetch, "trigger": trigger}
-                    for (prefetch, trigger), name in ahead.items()
-                    if (prefetch, trigger) != (shipped["prefetch"], shipped["trigger"])}
+    return {f"shipped, {name}": {**shipped, "prefetch": prefetch, "trigger": trigger}
+            for (prefetch, trigger), name in ahead.items()
+            if (prefetch, trigger) != (shipped["prefetch"], shipped["trigger"])}
 
 
 def _set_mode(mode: dict, tables: dict[str, list]) -> None:

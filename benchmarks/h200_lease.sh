@@ -50,7 +50,7 @@ if [ "$part" = kernels ]; then
   tail -3 "$out/gpu_tests.log"
   if [ -n "${BASELINE_DIR:-}" ]; then
     (cd "$BASELINE_DIR" && python3 benchmarks/gpu_rows.py --modes-only \
-      --modes "K/V shared, 8 split programs per SM (shipped)" --out "$out/baseline") 2>&1 | tee "$out/baseline.log"
+      --modes "K/V shared, 4 split programs per SM (shipped)" --out "$out/baseline") 2>&1 | tee "$out/baseline.log"
   fi
   python3 benchmarks/gpu_rows.py --profile ${ROWS_FLAGS:-} --out "$out/rows" 2>&1 | tee "$out/rows.log"
   timeout 300 python3 benchmarks/draft_block.py --out "$out/draft_block" 2>&1 | tee "$out/draft_block.log" || true

@@ -253,7 +253,7 @@ def shipped_switches() -> dict:
                                                               decode_attention.COMBINE_SPLITS,
                                                               decode_attention.COMBINE_COLUMNS),
             "slots": decode_attention.ATTENTION_SPLIT, "loads_first": fused.RMS_LOADS_FIRST,
-            "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM}
+            "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM, "tma": fused.TMA_WEIGHTS}
 
 
 def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
@@ -319,8 +319,8 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
 
 
 def test_gpu_rows_times_the_verify_switches_each_flipped():
-    """Tall tiles, attention items per SM, the merge's widths, the split's slots and the factored norm: each other
-    value one mode beside the shipped ones, set for the captures and restored after."""
+    """Tall tiles, attention items per SM, the merge's widths, the split's slots, the factored norm and TMA weight
+    tiles: each other value one mode beside the shipped ones, set for the captures and restored after."""
     from benchmarks import gpu_modes
     from dfvg.gpu import block_sizes, decode_attention, fused
 
@@ -345,7 +345,11 @@ def test_gpu_rows_times_the_verify_switches_each_flipped():
     assert factored == [{**shipped, "factored": not shipped["factored"]}]
     qkv = [mode for name, mode in modes.items() if "qkv norm" in name]
     assert qkv == [{**shipped, "factored_qkv": not shipped["factored_qkv"]}]
+    tma = [mode for name, mode in modes.items() if "weights through" in name]
+    assert tma == [{**shipped, "tma": not shipped["tma"]}]
     try:
+        gpu_modes._set_mode(tma[0], tables)
+        assert fused.TMA_WEIGHTS != shipped["tma"]
         gpu_modes._set_mode(qkv[0], tables)
         assert fused.FACTORED_QKV_NORM != shipped["factored_qkv"]
         gpu_modes._set_mode(factored[0], tables)
@@ -502,3 +506,4 @@ def test_the_lease_scripts_parse_and_name_known_modes():
             unknown = [name for name in asked.split(";") if name.strip() and name.strip() not in known]
             assert not unknown, (script.name, unknown)
             assert "given" not in asked or "--tuned" in command, (script.name, "a given table's mode without --tuned")
+            assert "swept" not in asked or "--sweep" in command, (script.name, "a swept table's mode without --sweep")

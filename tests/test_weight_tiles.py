@@ -35,9 +35,9 @@ def counted_descriptors(on: bool):
 
 def launch_outputs(device: str) -> list[torch.Tensor]:
     """Every kind of swapped launch once, split-K 3 and 1, over 17 rows (two row tiles): QKV + RoPE (q, the K and V
-    it wrote), RMSNorm + SwiGLU, SwiGLU on a factored norm's rows, O with bias and residual and its scaled output and
-    block sums. On a GPU the target's shapes; in the interpreter small ones (whose gate/up has fewer rows than a
-    64-row block: TMA's zero fill past the weight's edge)."""
+    it wrote; also with two column chunks a head half, so a program's row within its head is not 0), RMSNorm +
+    SwiGLU, SwiGLU on a factored norm's rows, O with bias and residual and its scaled output and block sums. On a GPU
+    the target's shapes; in the interpreter small ones."""
     from dfvg.gpu import fused
 
     torch.manual_seed(9)
@@ -51,56 +51,61 @@ def launch_outputs(device: str) -> list[torch.Tensor]:
     outs = []
     for split in (3, 1):
         pick = {"SPLIT_K": split}
-        kc, vc = (torch.zeros(64, kv_heads, hd, device=device, dtype=torch.bfloat16) for _ in "kv")
-        q = fused.qkv_rope(x, g, w_qkv, None, pos, cos, sin, kc, vc, (heads, kv_heads, hd, 0, 1e-6), config=pick)
+        for qkv_pick in (pick, {**pick, "BN": hd // 4}):  # (BN hd / 4: two chunks of a head's half)
+            kc, vc = (torch.zeros(64, kv_heads, hd, device=device, dtype=torch.bfloat16) for _ in "kv")
+            q = fused.qkv_rope(x, g, w_qkv, None, pos, cos, sin, kc, vc, (heads, kv_heads, hd, 0, 1e-6),
+                               config=qkv_pick)
+            outs += [q, kc, vc]
         out, scaled, sums = fused.linear_then_scaled(x, w_o, g, bias=g, residual=x, config=pick)
-        outs += [q, kc, vc, fused.fused_linear(x, w13, norm=g, swiglu=True, config=pick), out, scaled, sums,
+        outs += [fused.fused_linear(x, w13, norm=g, swiglu=True, config=pick), out, scaled, sums,
                  fused.fused_linear(scaled, w13, swiglu=True, row_sums=sums, config=pick)]
     return outs
 
 
 def tma_checks(device: str) -> list[float]:
-    """[outputs of `launch_outputs` whose bits differ between TMA and per-thread loads, descriptors the TMA run
-    built (0: the path never ran), rows of T-row launches with TMA that differ from one-row launches
+    """[outputs of `launch_outputs` whose bits differ between TMA and per-thread loads, kinds of descriptor the TMA
+    run did not build (QKV's heads as groups, a stacked pair, a single block: 0 when every launch kind took TMA),
+    descriptors the run with TMA off built (0), rows of T-row launches with TMA that differ from one-row launches
     (`invariance_failures`, T up to 20 on CPU, 64 on a GPU), rows of a 2-layer model's T-row pass whose logits
     differ from one-row passes, 1.0 if that pass's logits equal the per-thread loads' bit for bit]."""
     rows = 6 if device == "cpu" else 64
+    heads = (4 + 2 * 2) if device == "cpu" else (12 + 2 * 2)  # `launch_outputs`' QKV weight: q, k and v heads
     run = stack_passes(device, rows, 200, seed=10)
     with torch.inference_mode():
-        with counted_descriptors(False):
+        with counted_descriptors(False) as built_off:
             plain, plain_logits = launch_outputs(device), run([(0, rows)], 70)[0]
         with counted_descriptors(True) as built:
             described = launch_outputs(device)
             rows_differ = invariance_failures(device, 20 if device == "cpu" else 64, splits=(1, 3), swap=True)
             whole, alone = run([(0, rows)], 70)[0], run([(i, i + 1) for i in range(rows)], 70)[0]
     differ = sum(not torch.equal(a, b) for a, b in zip(plain, described, strict=True))
+    missing = {(heads, True), (1, True), (1, False)} - {(groups, pair) for groups, pair, *_ in built}
     model_rows = sum(not torch.equal(whole[i], alone[i]) for i in range(rows))
-    return [differ, len(built), len(rows_differ), model_rows, float(torch.equal(whole, plain_logits))]
+    return [differ, len(missing), len(built_off), len(rows_differ), model_rows, float(torch.equal(whole, plain_logits))]
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
 def test_tma_weight_tiles_change_no_bit_under_triton_interpreter():
     """Under the interpreter a descriptor's copy is a plain load, so what this checks is the descriptor itself: a
-    block at the wrong group, half or row (a RoPE head's halves swapped, up read as gate) changes outputs; a
-    descriptor that reads past gate's rows into up's fails the 48-row gate/up (zero fill)."""
-    differ, built, rows_differ, model_rows, same = map(
-        float, run_interpreted("tests.test_weight_tiles", "*t.tma_checks('cpu')", timeout=900).split())
-    assert differ == 0 and built > 0 and rows_differ == 0 and model_rows == 0 and same == 1.0, (
-        differ, built, rows_differ, model_rows, same)
+    block at the wrong group, half or row (a RoPE head's halves swapped, up read as gate, a head's second chunk read
+    as its first) changes outputs (a descriptor read at group 0 for every QKV head: 6 outputs differ, checked by hand).
+    Rows past a block's edge feed only columns no launch stores, so TMA's zero fill there is not visible."""
+    checks = list(map(float, run_interpreted("tests.test_weight_tiles", "*t.tma_checks('cpu')", timeout=900).split()))
+    assert checks == [0, 0, 0, 0, 0, 1.0], checks
 
 
 @pytest.mark.gpu
 def test_tma_weight_tiles_change_no_bit_on_gpu():
     if not torch.cuda.is_available() or not HAVE_TRITON:
         pytest.skip("needs a CUDA GPU with Triton")
-    differ, built, rows_differ, model_rows, same = tma_checks("cuda")
-    assert differ == 0 and built > 0 and rows_differ == 0 and model_rows == 0 and same == 1.0, (
-        differ, built, rows_differ, model_rows, same)
+    checks = tma_checks("cuda")
+    assert checks == [0, 0, 0, 0, 0, 1.0], checks
 
 
 def test_weights_tma_cannot_describe_take_per_thread_loads():
     """`fused._weight_tiles`: a weight whose rows are not whole 16-byte units, or a launch that is not swapped, keeps
-    the per-thread loads even with `TMA_WEIGHTS` on (TMA would refuse the descriptor at launch)."""
+    the per-thread loads even with `TMA_WEIGHTS` on (TMA would refuse the descriptor at launch); so does every launch
+    with `STACKED_PAIR` off, and a weight whose base is not 16-byte aligned."""
     from dfvg.gpu import fused
 
     cfg = {"BN": 64, "BK": 128, "SWAP_AB": 1}
@@ -110,4 +115,8 @@ def test_weights_tma_cannot_describe_take_per_thread_loads():
         assert not fused._weight_tiles(torch.empty(96, 256, dtype=torch.bfloat16), {**cfg, "SWAP_AB": 0}, True,
                                        1)["TMA"]
         assert not fused._weight_tiles(torch.empty(96, 256, dtype=torch.bfloat16), cfg, True, 5)["TMA"]
+        assert not fused._weight_tiles(torch.empty(96 * 256 + 1, dtype=torch.bfloat16)[1:].view(96, 256), cfg, True,
+                                       1)["TMA"]
+        with fused_switch("STACKED_PAIR", False):
+            assert not fused._weight_tiles(torch.empty(96, 256, dtype=torch.bfloat16), cfg, True, 1)["TMA"]
     assert not fused._weight_tiles(torch.empty(96, 256, dtype=torch.bfloat16), cfg, True, 1)["TMA"]  # shipped off

@@ -227,7 +227,8 @@ if HAVE_TRITON:
 
 # Cache slots a split. Compiled for sm_90 (`gpu/compile_sm90.py --attention`): 48 KiB of shared memory and 128
 # registers a program at 64, so 4 programs an SM hold 128 KiB of K/V in flight; 128 slots take 80 KiB (2 an SM, the
-# same bytes in flight) with half the partial states to write and merge. gpu_modes.py times 128 (not yet on a GPU).
+# same bytes in flight) with half the partial states to write and merge. 128 against 64 (H100, 2026-12-07, RESULTS.md):
+# 0.89-0.98x at T >= 33 from 2k tokens, but 1.00-1.02x at 512 and 1.01-1.02x at T = 1 below 32k; so 64.
 ATTENTION_SPLIT = 64
 # The merge launch: splits a program merges per loop step (COMBINE_SHORT where a row's positions fill at most that
 # many splits, else COMBINE_SPLITS; the two equal: always that), and head columns per program. They group a row's sums
@@ -252,8 +253,10 @@ SHARE_KV = True
 
 # Programs of the attention split launch per SM, each taking work items in turn (None: one program per
 # (kv head, split, token) of the cache's capacity, most of them idle at a short context; benchmarks compare). 4 of
-# them fit a SM at once (`gpu/compile_sm90.py --attention`); gpu_modes.py times 4 beside 8 (not yet on a GPU).
-SPLIT_PROGRAMS_PER_SM: int | None = 8
+# them fit a SM at once (`gpu/compile_sm90.py --attention`: 48 KiB of shared memory, 128 registers); 8 dispatched
+# twice that, half of them waiting for a slot. Same bits. 4 against 8 (H100, 2026-12-07 15:53 UTC, RESULTS.md):
+# 1.000-1.002x at 512 tokens, 0.992-1.004x at 32k, 0.965-0.995x at T = 17-64 from 2k to 8k, 1.007x at worst.
+SPLIT_PROGRAMS_PER_SM: int | None = 4
 
 
 def _multiprocessors(device: torch.device) -> int:

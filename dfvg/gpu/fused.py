@@ -88,7 +88,7 @@ FACTORED_NORM = True
 FACTORED_QKV_NORM = True
 # Swapped, stacked launches (SWAP_AB with STACKED_PAIR: all but the LM head on Hopper) take each K step's weight tile
 # by one TMA copy through a descriptor instead of per-thread cp.async loads (`dfvg.gpu.weight_tiles`); same products,
-# same order. Not yet timed on a GPU: off until a lease measures it (gpu_modes "shipped, weights through TMA").
+# same order (GPU test). H100, ctx 512 (RESULTS.md, 2026-12-07 15:52 UTC): T <= 17 1.01x, T >= 33 0.98-0.99x; so off.
 TMA_WEIGHTS = False
 
 if HAVE_TRITON:

@@ -3,13 +3,14 @@ copy (TMA) a stage through a descriptor of the weight (`fused.TMA_WEIGHTS`).
 
 Why two ways: a decode step is a stream of weight tiles, and with per-thread loads each 128 x 128 bf16 tile is 2,048
 16-byte copies whose addresses and masks every thread computes at every K step; a TMA copy is one instruction from
-one thread, zero-filled past the weight's edge as the masks fill, and lands in shared memory where the swapped MMA
+one thread, zero-filled past the block's edge (where the masks differ, for a pair's first block past its N rows, only
+columns no launch stores differ), and lands in shared memory where the swapped MMA
 (`gemv_stream._stream`, SWAP_AB) reads it. The products and their order are the same either way, so a row's bits do
 not depend on the way (GPU tests check that).
 
 A descriptor sees every weight as [groups, 2, rows, K], a block [1, 2 or 1, BN, BK]: a stacked pair's two blocks
 (gate and up of `FeedForward.w13`, or the halves of a RoPE head in the QKV weight) come in one copy as the
-[2 BN, BK] operand `gemv_stream._stacked_tile` gathers row by row.
+[2 BN, BK] operand `_stacked_tile` gathers row by row.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _w_tile(w_ptr, row0, n_rows, K, k0, BN: tl.constexpr, BK: tl.constexpr):
+        """Weight rows row0..row0+BN, columns k0..k0+BK (zeros past n_rows and K): the unstacked stream's tile."""
         n = row0 + tl.arange(0, BN)
         k = k0 + tl.arange(0, BK)
         return tl.load(w_ptr + n[:, None] * K + k[None, :], mask=(n[:, None] < n_rows) & (k[None, :] < K),
