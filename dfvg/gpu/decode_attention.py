@@ -255,7 +255,8 @@ SHARE_KV = True
 # (kv head, split, token) of the cache's capacity, most of them idle at a short context; benchmarks compare). 4 of
 # them fit a SM at once (`gpu/compile_sm90.py --attention`: 48 KiB of shared memory, 128 registers); 8 dispatched
 # twice that, half of them waiting for a slot. Same bits. 4 against 8 (H100, 2026-12-07 15:53 UTC, RESULTS.md):
-# 1.000-1.002x at 512 tokens, 0.992-1.004x at 32k, 0.965-0.995x at T = 17-64 from 2k to 8k, 1.007x at worst.
+# 1.000-1.002x at 512 tokens, 0.992-1.004x at 32k, 0.965-0.995x at T = 17-64 from 2k to 8k, 1.007x at worst; a
+# second run agrees (8 against 4 at 8k, T = 64: 1.038x).
 SPLIT_PROGRAMS_PER_SM: int | None = 4
 
 
