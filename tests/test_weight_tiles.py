@@ -13,6 +13,9 @@ from dfvg.gpu.kernels import HAVE_TRITON
 from tests.interpreted import run_interpreted
 from tests.test_gpu_fused import fused_switch, invariance_failures, stack_passes, swapped_blocks
 
+# `launch_outputs`' gate/up N, K, query heads, kv heads, head_dim: on a GPU the target's; in the interpreter small ones
+SHAPES = {"cuda": (8960, 1536, 12, 2, 128), "cpu": (48, 256, 4, 2, 32)}
+
 
 @contextlib.contextmanager
 def counted_descriptors(on: bool):
@@ -42,7 +45,7 @@ def launch_outputs(device: str) -> list[torch.Tensor]:
 
     torch.manual_seed(9)
     rows = 17
-    n, k, heads, kv_heads, hd = (8960, 1536, 12, 2, 128) if device == "cuda" else (48, 256, 4, 2, 32)
+    n, k, heads, kv_heads, hd = SHAPES[device]
     w13 = (torch.randn(2 * n, k) * k ** -0.5).to(device, torch.bfloat16)
     w_qkv = (torch.randn((heads + 2 * kv_heads) * hd, k) * k ** -0.5).to(device, torch.bfloat16)
     w_o = (torch.randn(k, k) * k ** -0.5).to(device, torch.bfloat16)
@@ -69,7 +72,7 @@ def tma_checks(device: str) -> list[float]:
     (`invariance_failures`, T up to 20 on CPU, 64 on a GPU), rows of a 2-layer model's T-row pass whose logits
     differ from one-row passes, 1.0 if that pass's logits equal the per-thread loads' bit for bit]."""
     rows = 6 if device == "cpu" else 64
-    heads = (4 + 2 * 2) if device == "cpu" else (12 + 2 * 2)  # `launch_outputs`' QKV weight: q, k and v heads
+    heads = SHAPES[device][2] + 2 * SHAPES[device][3]  # `launch_outputs`' QKV weight: q, k and v heads
     run = stack_passes(device, rows, 200, seed=10)
     with torch.inference_mode():
         with counted_descriptors(False) as built_off:

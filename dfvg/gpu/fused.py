@@ -47,7 +47,7 @@ from dfvg.gpu.decode_attention import INTERPRETED, attention, early_trigger_on, 
 from dfvg.gpu.gemv_stream import ROW_COUNTERS, new_counters, row_counters, split_buffers
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.gpu.tree_rows import TreeRows
-from dfvg.gpu.weight_tiles import describable, weight_descriptor
+from dfvg.gpu.weight_tiles import aligned_rows, describable, weight_descriptor
 
 # Rows of one tensor-core tile: 16, the smallest MMA height (read at each launch; a captured graph keeps its own).
 TILE_ROWS = 16
@@ -225,8 +225,7 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows:
     a swapped, stacked launch gets its weight's descriptor (`groups` of blocks: the QKV weight's heads)."""
     pdl = pdl_on(x.device)
     threads = 32 * cfg["num_warps"]
-    can_prefetch = (pdl and weight.data_ptr() % 16 == 0 and weight.shape[1] % 8 == 0
-                    and (2 if pair else 1) * cfg["BN"] <= threads)
+    can_prefetch = pdl and aligned_rows(weight) and (2 if pair else 1) * cfg["BN"] <= threads
     return {"BT": tile_rows, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
             "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": STACKED_PAIR, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl,

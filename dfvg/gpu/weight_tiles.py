@@ -59,8 +59,15 @@ def weight_descriptor(weight: Tensor, groups: int, pair: bool, block_n: int, blo
                             [1, halves, block_n, block_k])
 
 
+def aligned_rows(weight: Tensor) -> bool:
+    """Whether a 2-byte weight's rows start at 16-byte boundaries and hold whole 16-byte units (a 16-byte aligned
+    base, K a multiple of 8): what a TMA descriptor needs, and the L2 prefetch's per-thread pieces
+    (`gemv_stream._prefetch_weights`)."""
+    return weight.data_ptr() % 16 == 0 and weight.shape[1] % 8 == 0
+
+
 def describable(weight: Tensor, groups: int, pair: bool) -> bool:
     """Whether `weight_descriptor` can describe this weight: contiguous bf16/fp16 rows of whole 16-byte units from a
-    16-byte aligned base, split evenly into its groups and halves."""
-    return (weight.is_contiguous() and weight.element_size() == 2 and weight.data_ptr() % 16 == 0
-            and weight.shape[1] % 8 == 0 and weight.shape[0] % (groups * (2 if pair else 1)) == 0)
+    16-byte aligned base (`aligned_rows`), split evenly into its groups and halves."""
+    return (weight.is_contiguous() and weight.element_size() == 2 and aligned_rows(weight)
+            and weight.shape[0] % (groups * (2 if pair else 1)) == 0)
