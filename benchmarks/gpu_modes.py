@@ -36,6 +36,11 @@ MODE_CONTEXTS = (512, 32704)  # (gpu_rows.py --mode-contexts replaces them)
 # weight columns per row a GEMV program prefetches to L2 in the streaming-ahead modes: a third of a 1536-wide row,
 # and all of every row (8960 covers the down projection's too)
 PREFETCHES = (512, 8960)
+# K steps a split `fused.WEIGHTS_AHEAD` covers in its modes: the H100/H200 table's QKV and O (split-K 4: 3 steps of 128)
+AHEAD_STEPS = 3
+# row counts up to which launches trigger early (`decode_attention.EARLY_TRIGGER_ROWS`), and live splits up to which the
+# attention's split launch does (`decode_attention.SPLIT_TRIGGER_SPLITS`; 2 ** 20: at every context), in their modes
+TRIGGER_ROWS, SPLIT_TRIGGER = 16, 128
 
 
 def current_mode() -> dict:
@@ -48,7 +53,9 @@ def current_mode() -> dict:
             "merge": (decode_attention.COMBINE_SHORT, decode_attention.COMBINE_SPLITS,
                       decode_attention.COMBINE_COLUMNS), "slots": decode_attention.ATTENTION_SPLIT,
             "loads_first": fused.RMS_LOADS_FIRST,
-            "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM, "tma": fused.TMA_WEIGHTS}
+            "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM, "tma": fused.TMA_WEIGHTS,
+            "ahead": fused.WEIGHTS_AHEAD, "trigger_rows": decode_attention.EARLY_TRIGGER_ROWS,
+            "split_trigger": decode_attention.SPLIT_TRIGGER_SPLITS}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
@@ -124,14 +131,35 @@ def _attention_modes(shipped: dict) -> dict[str, dict]:
 
 
 def _ahead_modes(shipped: dict) -> dict[str, dict]:
-    """`modes_of`' streaming-ahead modes: the early trigger, the weight prefetch of each PREFETCHES width, and both."""
-    ahead = {(0, True): "next launch triggered after the weight loop"}
+    """`modes_of`' streaming-ahead modes: the early trigger flipped, the weight prefetch of each PREFETCHES width, and
+    with the trigger;
+    the early trigger with the attention's split launch triggering too (`decode_attention.SPLIT_TRIGGER_SPLITS`),
+    the early trigger for launches of up to TRIGGER_ROWS rows (`decode_attention.EARLY_TRIGGER_ROWS`) alone and with
+    the split's at contexts of up to SPLIT_TRIGGER splits; and QKV's and O's weights loaded before the wait
+    (`fused.WEIGHTS_AHEAD` of AHEAD_STEPS), alone, with the early trigger, with the split's too, and with both
+    bounded."""
+    ahead = {(0, True): "next launch triggered after the weight loop",
+             (0, False): "each launch triggering the next at its exit"}
     for columns in PREFETCHES:
         ahead |= {(columns, False): f"first {columns} weight columns prefetched to L2 before the wait",
                   (columns, True): f"{columns}-column prefetch and early trigger"}
-    return {f"shipped, {name}": {**shipped, "prefetch": prefetch, "trigger": trigger}
-            for (prefetch, trigger), name in ahead.items()
-            if (prefetch, trigger) != (shipped["prefetch"], shipped["trigger"])}
+    modes = {f"shipped, {name}": {**shipped, "prefetch": prefetch, "trigger": trigger}
+             for (prefetch, trigger), name in ahead.items()
+             if (prefetch, trigger) != (shipped["prefetch"], shipped["trigger"])}
+    later = {  # (fused.WEIGHTS_AHEAD, EARLY_TRIGGER, EARLY_TRIGGER_ROWS, SPLIT_TRIGGER_SPLITS): the name
+        (0, True, None, 2 ** 20): "next launch triggered after the weight loop, the attention split's too",
+        (0, True, TRIGGER_ROWS, 0): f"early trigger up to {TRIGGER_ROWS} rows",
+        (0, True, TRIGGER_ROWS, SPLIT_TRIGGER): f"early trigger up to {TRIGGER_ROWS} rows, the split's up to "
+                                                f"{SPLIT_TRIGGER} splits",
+        (AHEAD_STEPS, False, None, 0): "QKV and O weights loaded before the wait",
+        (AHEAD_STEPS, True, None, 0): "QKV and O weights before the wait, early trigger",
+        (AHEAD_STEPS, True, None, 2 ** 20): "QKV and O weights before the wait, early trigger, the split's too",
+        (AHEAD_STEPS, True, TRIGGER_ROWS, SPLIT_TRIGGER):
+            f"QKV and O weights before the wait, early trigger up to {TRIGGER_ROWS} rows, the split's up to "
+            f"{SPLIT_TRIGGER} splits"}
+    keys = ("ahead", "trigger", "trigger_rows", "split_trigger")
+    return modes | {f"shipped, {name}": {**shipped, **dict(zip(keys, switches, strict=True))}
+                    for switches, name in later.items() if switches != tuple(shipped[key] for key in keys)}
 
 
 def _set_mode(mode: dict, tables: dict[str, list]) -> None:
@@ -145,6 +173,8 @@ def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     decode_attention.ATTENTION_SPLIT = mode["slots"]
     fused.RMS_LOADS_FIRST, fused.FACTORED_NORM = mode["loads_first"], mode["factored"]
     fused.FACTORED_QKV_NORM, fused.TMA_WEIGHTS = mode["factored_qkv"], mode["tma"]
+    fused.WEIGHTS_AHEAD, decode_attention.EARLY_TRIGGER_ROWS = mode["ahead"], mode["trigger_rows"]
+    decode_attention.SPLIT_TRIGGER_SPLITS = mode["split_trigger"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's
     block_sizes.TUNED.update({(n, k): config for n, k, config in tables[mode["table"]]})
 

@@ -2,6 +2,7 @@
 
     python benchmarks/step_timeline.py --out $OUT                          # T = 1, 5, 16, 64 at a 512-token context
     python benchmarks/step_timeline.py --rows 1 --contexts 512,32704 --out $OUT
+    python benchmarks/step_timeline.py --rows 1,64 --mode "<a gpu_modes.py launch mode>" --out $OUT
 
 Why: issue 16's plain step runs at about half of the weight-stream floor, and neither measurement we have says
 where the other half goes *in the graph*. Nsight Compute (ncu_step.py) times each kernel alone with cold caches;
@@ -136,6 +137,22 @@ def profiled_step(gm, rows: int, context: int, replays: int) -> dict:
             **kind_table(replays_of(kernel_events(trace), replays))}
 
 
+def set_launch_mode(parser: OneLineParser, name: str) -> None:
+    """The switches of gpu_modes.py's launch mode `name` with the shipped block sizes of this GPU, for the whole
+    run; an unknown name is one line listing the known ones."""
+    import torch
+
+    from benchmarks import gpu_modes
+    from dfvg.gpu import block_sizes
+
+    block_sizes.adopt_gpu_table(torch.cuda.get_device_name())
+    tables = {"shipped": block_sizes.tuned_rows()}
+    modes = {mode_name: mode for mode_name, mode in gpu_modes.modes_of(tables).items() if mode["table"] == "shipped"}
+    if name not in modes:
+        parser.error(f"--mode {name!r} is not a launch mode with the shipped block sizes; known: {'; '.join(modes)}")
+    gpu_modes._set_mode(modes[name], tables)
+
+
 def main(argv: list[str] | None = None) -> None:
     from benchmarks.gpu_rows import contexts_of, row_counts
 
@@ -145,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="row counts of the steps (default 1,5,16,64)")
     p.add_argument("--contexts", default=(512,), type=contexts_of, help="contexts of the steps (default 512)")
     p.add_argument("--replays", default=20, type=int, help="profiled replays a step (default 20)")
+    p.add_argument("--mode", default=None, help="a launch mode of gpu_rows.py --modes (default: the shipped switches)")
     args = p.parse_args(argv)
     if args.replays < 1:
         p.error(f"--replays must be at least 1, got {args.replays}")
@@ -155,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.gpu_decode import SHAPES, random_model
     from dfvg.gpu.graphs import GraphModel
 
+    if args.mode is not None:
+        set_launch_mode(p, args.mode)
     gm = GraphModel(random_model(SHAPES["qwen2.5-coder-1.5b"]), compile_blocks=False, fused_layers=True)
     gm.ensure_cache(max(args.contexts) + 64)
     steps = []
@@ -170,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "step_timeline.json").write_text(json.dumps(
         {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": "random (timing only)",
-         "steps": steps}, indent=1))
+         "mode": args.mode or "shipped", "steps": steps}, indent=1))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ cuobjdump that Triton ships). The JIT's specialisation is imitated: pointers and
 of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
 
     python gpu/compile_sm90.py 16 32 64          # heights (default: 16)
-    python gpu/compile_sm90.py --stream-ahead 16 # with a 512-column weight prefetch and the early trigger
-                                                 # (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER)
+    python gpu/compile_sm90.py --stream-ahead 16 # with a 512-column weight prefetch and the early trigger at any
+                                                 # height (fused.PREFETCH_COLUMNS; decode_attention.EARLY_TRIGGER
+                                                 # ships on for launches of up to 16 rows)
     python gpu/compile_sm90.py --shape 8960x1536 --space "BK=128,256 num_warps=4,8"
                                                  # one launch over block sizes (gpu_rows.py --sweep-space's words)
     python gpu/compile_sm90.py --gpu H100 16      # the table an H100 or H200 runs (GPU_TABLES), not TUNED
@@ -23,6 +24,8 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
                                                          # normalize their own x (on: down stores out * g and sums)
     python gpu/compile_sm90.py --attention       # the attention split launch at 64, 128 and 256 cache slots a split
     python gpu/compile_sm90.py --gpu H100 --tma 16  # fused.TMA_WEIGHTS on: swapped launches copy weights by TMA
+    python gpu/compile_sm90.py --gpu H100 --weights-ahead 3 16  # fused.WEIGHTS_AHEAD: a split of <= 3 K steps
+                                                                # loads its weight tiles before the wait
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfvg.gpu import fused  # noqa: E402
 from dfvg.gpu.block_sizes import GPU_TABLES, TUNED, adopt_gpu_table  # noqa: E402
+from dfvg.gpu.gemv_stream import split_columns  # noqa: E402
 from dfvg.gpu.kernels import HAVE_TRITON  # noqa: E402
 
 LINEAR = {"x_ptr": "*bf16", "x_stride": "i32", "g_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16",
@@ -90,15 +94,16 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
     """The target's launch on weight `shape` with `height`-row tiles, compiled for sm_90 (its block sizes in `table`,
     default TUNED, or `cfg`; `--gpu` puts that GPU's table in TUNED first; a factored norm's consumer counts its
     producer's blocks in the same table); `over_one_tile`: as a launch over 16 rows runs it (None: `OVER_ONE_TILE`);
-    `ahead`: with the weight prefetch of 512 columns and the early trigger (fused.PREFETCH_COLUMNS,
-    decode_attention.EARLY_TRIGGER)."""
+    `ahead`: with the weight prefetch of 512 columns and the early trigger at any height (fused.PREFETCH_COLUMNS,
+    decode_attention.EARLY_TRIGGER; without it, the trigger as shipped: `_triggers`)."""
     table = table or TUNED
     cfg, what = cfg or table[shape], LAUNCHES[shape]
     common = {"K": shape[1], "F32": False, "BT": height, "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
               "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": fused.STACKED_PAIR, "PDL": True,
-              "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead, "THREADS": 32 * cfg["num_warps"],
+              "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead or _triggers(height), "THREADS": 32 * cfg["num_warps"],
               "EARLY": fused.EPILOGUE_FIRST, "LOADS_FIRST": fused.RMS_LOADS_FIRST,
-              "TMA": fused.TMA_WEIGHTS and bool(cfg.get("SWAP_AB", 0)) and fused.STACKED_PAIR}
+              "TMA": fused.TMA_WEIGHTS and bool(cfg.get("SWAP_AB", 0)) and fused.STACKED_PAIR,
+              "AHEAD": _steps_ahead(shape, cfg)}
     down_blocks = -(-1536 // table[(1536, 8960)]["BN"])  # the down launch's output blocks: QKV's / the head's sums
     qkv_factored = fused.FACTORED_QKV_NORM  # down stores out * g and its sums, QKV (past layer 0) and the head scale
     if what.startswith("qkv"):
@@ -116,6 +121,23 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
               "SCALE_OUT": (produces and factored) or (qkv_factored and what.startswith("down")),
               "ROW_SCALE": o_blocks if factored and "gate" in what else down_blocks if head else 0}
     return compiled(fused._linear_kernel, LINEAR, consts, cfg)
+
+
+def _triggers(height: int) -> bool:
+    """Whether the shipped launch of `height`-row tiles triggers the next launch early, as a launch of up to 16 rows
+    runs it (`decode_attention.EARLY_TRIGGER` up to `EARLY_TRIGGER_ROWS` rows; a taller tile runs more rows)."""
+    from dfvg.gpu import decode_attention
+
+    bound = decode_attention.EARLY_TRIGGER_ROWS
+    return decode_attention.EARLY_TRIGGER and (bound is None or height <= bound)
+
+
+def _steps_ahead(shape: tuple[int, int], cfg: dict) -> int:
+    """The K steps of weight tiles the launch loads before its wait (`fused.WEIGHTS_AHEAD`, as `fused._weight_tiles`
+    counts them: a swapped, stacked launch without TMA whose split has at most that many steps loads them all)."""
+    swapped = bool(cfg.get("SWAP_AB", 0)) and fused.STACKED_PAIR and not fused.TMA_WEIGHTS
+    steps = -(-split_columns(shape[1], cfg["SPLIT_K"], cfg["BK"]) // cfg["BK"])
+    return steps if swapped and steps <= fused.WEIGHTS_AHEAD else 0
 
 
 def registers(cubin: bytes) -> int | None:
@@ -184,7 +206,7 @@ def describe_attention(slots: int) -> str:
     from dfvg.gpu import decode_attention
 
     consts = {"HEADS": 12, "KV_HEADS": 2, "HD": 128, "F32": False, "BM": decode_attention.TILE, "BS": slots,
-              "TREE": False, "DEPTH": 1, "PDL": True}
+              "TREE": False, "DEPTH": 1, "PDL": True, "TRIGGER": decode_attention.SPLIT_TRIGGER_SPLITS}
     cfg = {"num_warps": 4, "num_stages": 3}  # `attention`'s launch (Triton's default stages)
     kernel = compiled(decode_attention._attention_split_kernel, ATTENTION, consts, cfg)
     regs, shared = registers(kernel.asm["cubin"]), kernel.metadata.shared
@@ -258,6 +280,11 @@ def main(argv: list[str]) -> None:
     fused.TMA_WEIGHTS = fused.TMA_WEIGHTS or "--tma" in argv
     global OVER_ONE_TILE
     OVER_ONE_TILE = "--over-16-rows" in argv
+    ahead_steps = _option(argv, "--weights-ahead", "3")
+    if ahead_steps is not None:
+        if not ahead_steps.isdigit():
+            sys.exit(f"error: --weights-ahead takes a count of K steps such as 3, got {ahead_steps}")
+        fused.WEIGHTS_AHEAD = int(ahead_steps)
     switches = ("--stream-ahead", "--epilogue-first", "--unstacked", "--over-16-rows", "--rms-loads-in-turn",
                 "--unfactored-norm", "--unfactored-qkv-norm", "--tma")
     argv = [a for a in argv if a not in switches]

@@ -253,7 +253,9 @@ def shipped_switches() -> dict:
                                                               decode_attention.COMBINE_SPLITS,
                                                               decode_attention.COMBINE_COLUMNS),
             "slots": decode_attention.ATTENTION_SPLIT, "loads_first": fused.RMS_LOADS_FIRST,
-            "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM, "tma": fused.TMA_WEIGHTS}
+            "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM, "tma": fused.TMA_WEIGHTS,
+            "ahead": fused.WEIGHTS_AHEAD, "trigger_rows": decode_attention.EARLY_TRIGGER_ROWS,
+            "split_trigger": decode_attention.SPLIT_TRIGGER_SPLITS}
 
 
 def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
@@ -271,10 +273,17 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     assert before["share_kv"] is False and before["split_programs"] is None
     shipped = shipped_switches()
     assert sum(mode == shipped for mode in modes.values()) == 1
-    ahead = [(mode["prefetch"], mode["trigger"]) for name, mode in modes.items() if "prefetch" in name or
-             "trigger" in name]  # the GEMVs streaming ahead: each switch, then both, beside the shipped pair
+    later = ("ahead", "trigger_rows", "split_trigger")
+    ahead = [(mode["prefetch"], mode["trigger"]) for name, mode in modes.items() if ("prefetch" in name or
+             "trigger" in name) and all(mode[key] == shipped[key] for key in later)]  # streaming ahead: each, both
     assert sorted(ahead + [(shipped["prefetch"], shipped["trigger"])]) == [
         (0, False), (0, True), (512, False), (512, True), (8960, False), (8960, True)]
+    loaded = [(mode["ahead"], mode["trigger"], mode["trigger_rows"], mode["split_trigger"]) for mode in modes.values()
+              if any(mode[key] != shipped[key] for key in later)]  # bounded triggers, QKV and O weights ahead
+    assert loaded == [(0, True, None, 2 ** 20), (0, True, 16, 0), (3, False, None, 0), (3, True, None, 0),
+                      (3, True, None, 2 ** 20), (3, True, 16, 128)]
+    assert all(mode == {**shipped, **{key: mode[key] for key in ("trigger", *later)}} for mode in modes.values()
+               if any(mode[key] != shipped[key] for key in later))
     assert modes["shipped with the swept block sizes"]["table"] == "swept"
     assert [modes[f"shipped with {rows}-row tiles"] for rows in (32, 64)] == [
         {**shipped, "tile_rows": 32}, {**shipped, "tile_rows": 64}]
@@ -303,12 +312,18 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
         assert fused.NORM_IN_PRODUCER_ABOVE == norm[0]["norm_in_producer"] != shipped["norm_in_producer"]
         gpu_modes._set_mode(modes["shipped, 512-column prefetch and early trigger"], tables)
         assert fused.PREFETCH_COLUMNS == 512 and decode_attention.EARLY_TRIGGER
+        gpu_modes._set_mode(modes["shipped, QKV and O weights before the wait, early trigger up to 16 rows, the "
+                                  "split's up to 128 splits"], tables)
+        assert fused.WEIGHTS_AHEAD == 3 and decode_attention.EARLY_TRIGGER
+        assert (decode_attention.EARLY_TRIGGER_ROWS, decode_attention.SPLIT_TRIGGER_SPLITS) == (16, 128)
     finally:
         gpu_modes._set_mode(shipped, tables)
     assert decode_attention.SHARE_KV and block_sizes.tuned_rows() == tables["shipped"] and fused.TILE_ROWS == 16
     assert fused.STACKED_PAIR == shipped["stack"] and fused.EPILOGUE_FIRST == shipped["early"]
     assert fused.NORM_IN_PRODUCER_ABOVE == shipped["norm_in_producer"] and gpu_modes.current_mode() == shipped
     assert (fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER) == (shipped["prefetch"], shipped["trigger"])
+    assert (fused.WEIGHTS_AHEAD, decode_attention.EARLY_TRIGGER_ROWS, decode_attention.SPLIT_TRIGGER_SPLITS) == (
+        shipped["ahead"], shipped["trigger_rows"], shipped["split_trigger"])
     # the fastest table is chosen among the modes with the shipped switches only (a table is tuned for one tile
     # height; a faster switch, e.g. the weight prefetch, must not make the shipped table win)
     rows = [{"mode": "a", "block_sizes": "shipped", "switches_as_shipped": True, "T": 1, "ms": 1.7},
@@ -486,7 +501,8 @@ def test_tree_step_counts_the_trees_extra_launches_on_a_cpu(tmp_path, capsys):
 def test_the_lease_scripts_parse_and_name_known_modes():
     """Every lease script under benchmarks/ parses (`bash -n`), and each launch mode a script asks gpu_rows.py for is
     one gpu_modes.py defines: a misspelt mode stops the run only on the device, after its lease has started. (The
-    "given" table's modes exist where the command passes --tuned, the "swept" one's with --sweep.)"""
+    "given" table's modes exist where the command passes --tuned, the "swept" one's with --sweep; step_timeline.py's
+    --mode takes modes of the shipped table.)"""
     import re
     import subprocess
 
@@ -507,3 +523,7 @@ def test_the_lease_scripts_parse_and_name_known_modes():
             assert not unknown, (script.name, unknown)
             assert "given" not in asked or "--tuned" in command, (script.name, "a given table's mode without --tuned")
             assert "swept" not in asked or "--sweep" in command, (script.name, "a swept table's mode without --sweep")
+        timeline_modes = re.findall(r'step_timeline\.py[^\n]*(?:\\\n[^\n]*)*?--mode "([^"$]+)"', text)
+        assert all(known.get(name, {}).get("table") == "shipped" for name in timeline_modes), (script.name,
+                                                                                                timeline_modes)
+        assert timeline_modes or script.name != "h200_kernels.sh"  # (the step_timeline check ran on its --mode)

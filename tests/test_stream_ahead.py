@@ -129,7 +129,8 @@ def test_the_launcher_prefetches_only_under_pdl_with_aligned_rows(monkeypatch):
 def test_every_launch_compiles_its_prefetch_before_the_wait_and_its_trigger_after_the_loop():
     """gpu/compile_sm90.py --stream-ahead (sm_90, no GPU): each of the target's five GEMV launches has one bulk L2
     prefetch before griddepcontrol.wait and one launch_dependents after its last tensor-core instruction; the
-    shipped build (switches off) has neither."""
+    shipped build has no prefetch, and its trigger as shipped for 16-row tiles (`decode_attention.EARLY_TRIGGER`)."""
+    from dfvg.gpu import decode_attention
     from dfvg.gpu.block_sizes import TUNED
     from tests.test_gpu_tools import compile_tool
 
@@ -143,7 +144,8 @@ def test_every_launch_compiles_its_prefetch_before_the_wait_and_its_trigger_afte
                      for name in ("cp.async.bulk.prefetch.L2", "griddepcontrol.wait", "griddepcontrol.launch_dep",
                                   "mma.sync")}
             if not ahead:
-                assert not where["cp.async.bulk.prefetch.L2"] and not where["griddepcontrol.launch_dep"], shape
+                assert not where["cp.async.bulk.prefetch.L2"], shape
+                assert len(where["griddepcontrol.launch_dep"]) == decode_attention.EARLY_TRIGGER, shape
                 continue
             [prefetch], [wait], [trigger] = (where[name] for name in
                                              ("cp.async.bulk.prefetch.L2", "griddepcontrol.wait",
@@ -217,7 +219,7 @@ def test_streaming_ahead_changes_no_bit_of_the_targets_launches_on_gpu(columns, 
 @pytest.mark.parametrize("columns,trigger", [(512, True), (8960, True)])
 def test_streaming_ahead_changes_no_bit_of_a_graphed_forward_on_gpu(columns, trigger):
     """The graphed forward (every launch of a layer, the attention merge's trigger among them; T = 1 and 5, two
-    replays each) equals the shipped one bit for bit."""
+    replays each) equals the one without the prefetch and the early triggers bit for bit."""
     needs_sm90_pdl()
     from dfvg.gpu import decode_attention, fused
     from dfvg.gpu.graphs import GraphModel, capture_graph
@@ -226,12 +228,12 @@ def test_streaming_ahead_changes_no_bit_of_a_graphed_forward_on_gpu(columns, tri
     gm = GraphModel(small_model(64, "cuda", layers=4), compile_blocks=False)
     gm.ensure_cache(256)
     shipped = fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER
-    for rows in (1, 5):
+    for rows in (1, 5):  # against no prefetch and no early trigger (each launch's at its exit)
         ids = torch.randint(0, 512, (1, rows), device="cuda")
         pos = torch.arange(100, 100 + rows, device="cuda")
         outs = []
         try:
-            for switches in (shipped, (columns, trigger)):
+            for switches in ((0, False), (columns, trigger)):
                 fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER = switches
                 graph, out = capture_graph(lambda ids=ids, pos=pos: gm.forward(ids, pos), gm.device)
                 graph.replay()
@@ -241,3 +243,54 @@ def test_streaming_ahead_changes_no_bit_of_a_graphed_forward_on_gpu(columns, tri
         finally:
             fused.PREFETCH_COLUMNS, decode_attention.EARLY_TRIGGER = shipped
         assert torch.equal(outs[0], outs[1]) and outs[0].abs().sum() > 0, rows
+
+
+@needs_triton
+def test_qkv_and_o_load_their_weights_before_the_wait_and_the_others_do_not():
+    """gpu/compile_sm90.py with `fused.WEIGHTS_AHEAD` = 3 (sm_90, no GPU, the H100's table): QKV's and O's 3-step splits
+    issue their weight loads (ld.global) before griddepcontrol.wait and run no cp.async loop; gate/up, down and the LM
+    head (12, 35 and 6 steps) keep theirs, with nothing loaded before the wait; with it off, no launch loads early."""
+    from dfvg.gpu import fused
+    from dfvg.gpu.block_sizes import GPU_TABLES
+    from tests.test_gpu_tools import compile_tool
+
+    compile_sm90 = compile_tool(needs_triton=True)
+
+    def early_loads(shape) -> tuple[int, int]:
+        lines = compile_sm90.compiled_launch(16, shape, table=GPU_TABLES["H100"] | {
+            (151936, 1536): compile_sm90.TUNED[(151936, 1536)]}).asm["ptx"].splitlines()
+        wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+        return (sum("ld.global" in line for line in lines[:wait]),
+                sum("cp.async.cg" in line or "cp.async.ca" in line for line in lines))
+
+    shipped = fused.WEIGHTS_AHEAD
+    try:
+        fused.WEIGHTS_AHEAD = 3
+        ahead = {compile_sm90.LAUNCHES[shape]: early_loads(shape) for shape in compile_sm90.LAUNCHES}
+        fused.WEIGHTS_AHEAD = 0
+        plain = {compile_sm90.LAUNCHES[shape]: early_loads(shape) for shape in compile_sm90.LAUNCHES}
+    finally:
+        fused.WEIGHTS_AHEAD = shipped
+    for name in ("qkv + rope", "o proj + residual"):
+        assert ahead[name][0] > 0 and ahead[name][1] == 0 and plain[name][1] > 0, (name, ahead, plain)
+    assert all(ahead[name] == plain[name] for name in ahead if not name.startswith(("qkv", "o proj"))), (ahead, plain)
+    assert all(loads == 0 for loads, _ in plain.values()), plain
+
+
+def test_early_triggers_follow_their_row_bound(monkeypatch):
+    """`decode_attention.early_trigger_on`: launches of up to EARLY_TRIGGER_ROWS rows trigger early (None: every row
+    count), more rows do not, and nothing triggers without PDL or with EARLY_TRIGGER off."""
+    from dfvg.gpu import decode_attention
+
+    device = torch.device("cuda")
+    monkeypatch.setattr(decode_attention, "pdl_on", lambda device: True)
+    monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", True)
+    monkeypatch.setattr(decode_attention, "EARLY_TRIGGER_ROWS", 16)
+    assert [decode_attention.early_trigger_on(device, rows) for rows in (1, 16, 17, 64)] == [True, True, False, False]
+    monkeypatch.setattr(decode_attention, "EARLY_TRIGGER_ROWS", None)
+    assert decode_attention.early_trigger_on(device, 64)
+    monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", False)
+    assert not decode_attention.early_trigger_on(device, 1)
+    monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", True)
+    monkeypatch.setattr(decode_attention, "pdl_on", lambda device: False)
+    assert not decode_attention.early_trigger_on(device, 1)

@@ -43,12 +43,24 @@ except ImportError:  # pragma: no cover - depends on the install
 
 # Under PDL, whether a launch lets the next one start before it drains (griddepcontrol.launch_dependents; the next
 # still waits for this one to finish before it reads anything): a GEMV after its weight loop, so the next
-# launch's programs take the SMs this one frees and, with `fused.PREFETCH_COLUMNS`, prefetch their weights while
-# this one's last programs reduce and store; and the attention merge at once, so the O projection after it
-# prefetches during the merge (48 short programs at T = 1). (A trigger right after the wait in every launch
-# measured slower, 1.01-1.17x per step on 2026-12-04; the split launch keeps the implicit trigger at its exit,
-# which is where its work ends.) Off until a lease times it: benchmarks/gpu_modes.py.
-EARLY_TRIGGER = False
+# launch's programs take the SMs this one frees (and, with `fused.WEIGHTS_AHEAD` or `fused.PREFETCH_COLUMNS`, load or
+# prefetch their weights) while this one's last programs reduce and store; and the attention merge at once, so the O
+# projection after it is resident during the merge (48 short programs at T = 1). (A trigger right after the wait in
+# every launch measured slower, 1.01-1.17x per step on 2026-12-04.) Against the implicit trigger at exit (H100,
+# 2026-12-07 18:04-18:19 UTC, RESULTS.md), with the two bounds below: T = 1 0.958x at 512 tokens, 0.963x at 2k, 0.971x
+# at 8k, 0.977x at 32k; T = 5 0.962-0.982x; never over 1.002x at any row count or context. Same bits.
+EARLY_TRIGGER = True
+# Launches of more rows than this keep the implicit trigger at their exit (None: every row count triggers early):
+# there the next launch's waiting programs take SM slots from work that needs them (the attention of many rows; every
+# row count triggering: T = 64 1.039x at 2k tokens, 1.040x at 8k, same lease).
+EARLY_TRIGGER_ROWS: int | None = 16
+# With EARLY_TRIGGER, the split launch too lets the merge start at once where the step's positions fill at most this
+# many splits (0: never; decided in the kernel from the positions, so a graph replayed at a longer context keeps the
+# implicit trigger): the merge's programs are then resident, waiting, while the split runs, and the O launch (at the
+# merge's trigger, after its wait) follows the split at once. At every context it lost at 32k (1.02-1.06x at every
+# T); up to 128 splits (8,192 tokens) it gains 0.6-1.4 % at T <= 16 and 512 tokens over the GEMVs' trigger alone,
+# 0.8-1.6 % at 2k, 0.7-0.9 % at 8k (same lease).
+SPLIT_TRIGGER_SPLITS = 128
 
 
 def pdl_on(device: torch.device) -> bool:
@@ -56,9 +68,10 @@ def pdl_on(device: torch.device) -> bool:
     return PDL and HAVE_GDC and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def early_trigger_on(device: torch.device) -> bool:
-    """Whether launches on `device` let the next one start early (`EARLY_TRIGGER`, under PDL)."""
-    return EARLY_TRIGGER and pdl_on(device)
+def early_trigger_on(device: torch.device, rows: int) -> bool:
+    """Whether launches of `rows` rows on `device` let the next one start early (`EARLY_TRIGGER` up to
+    `EARLY_TRIGGER_ROWS`, under PDL)."""
+    return EARLY_TRIGGER and pdl_on(device) and (EARLY_TRIGGER_ROWS is None or rows <= EARLY_TRIGGER_ROWS)
 
 
 if HAVE_TRITON:
@@ -77,8 +90,9 @@ if HAVE_TRITON:
         """Under programmatic dependent launch this program may start before the previous launch has finished:
         wait until it has and its writes are visible (before any read or write of activations, caches or
         counters). Without `_let_next_launch_start` a program that exits counts as the trigger, so the next launch
-        starts as this one drains (an early trigger, right after the wait, measured slower: dependents'
-        programs then take SM slots while they wait)."""
+        starts as this one drains (an early trigger right after the wait in every launch measured slower: dependents'
+        programs then take SM slots while they wait; the merge and, at a short context, the split trigger there, the
+        GEMVs after their weight loop, up to `EARLY_TRIGGER_ROWS` rows)."""
         if PDL:
             tl.extra.cuda.gdc_wait()
 
@@ -151,7 +165,7 @@ if HAVE_TRITON:
     def _attention_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, root_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, rows,
                                 wanted, scale, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr,
                                 F32: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, TREE: tl.constexpr,
-                                DEPTH: tl.constexpr, PDL: tl.constexpr):
+                                DEPTH: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr):
         """Work items (kv head, live split, token group g), taken by the launch's programs in turn: each loads
         the split's K and V tile once for tokens g, g + G, .. (`_split_tokens`), where G keeps about `wanted`
         items: at a short context a few tokens per item (one up to ~16 rows at 512 tokens), at a long one every
@@ -162,10 +176,14 @@ if HAVE_TRITON:
         each item reads one tile of K and V, and `_attention_combine_kernel` merges the splits. Items, not a
         grid over the cache's capacity: a graph replays at any position, so the grid cannot know the context,
         and a 32k cache at a 512-token context left 97 % of a (kv, split, token) grid idle (the T = 16 step's
-        attention took 17 us a layer against 3.8 at T = 1, H200, 2026-12-04 night)."""
+        attention took 17 us a layer against 3.8 at T = 1, H200, 2026-12-04 night). TRIGGER: `SPLIT_TRIGGER_SPLITS`
+        (0: none)."""
         _after_previous_launch(PDL)
         end = tl.load(pos_ptr + rows - 1) + 1  # positions ascend: the last row sees the most slots
         live = tl.cdiv(end, BS)
+        if TRIGGER > 0:
+            if live <= TRIGGER:
+                _let_next_launch_start(True)
         groups = tl.minimum(rows, tl.maximum(1, tl.cdiv(wanted, KV_HEADS * live)))
         for item in range(tl.program_id(0), KV_HEADS * live * groups, tl.num_programs(0)):
             item = tl.cast(item, tl.int32)  # (positions are int64; slots and splits stay int32, as at T = 1)
@@ -300,12 +318,13 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
     l_sum = torch.empty_like(m)
     acc = torch.empty(splits, kv_heads, rows, TILE, hd, dtype=torch.float32, device=q.device)
     root, anc = tree if tree is not None else (pos, pos)
-    pdl, trigger = pdl_on(q.device), early_trigger_on(q.device)
+    pdl, trigger = pdl_on(q.device), early_trigger_on(q.device, rows)
     grid = (min(kv_heads * splits * rows, _split_programs(q.device)),)
     _attention_split_kernel[grid](q, kc, vc, pos, root, anc, m, l_sum, acc, rows, _programs_wanted(q.device),
                                   1.0 / math.sqrt(hd), HEADS=heads, KV_HEADS=kv_heads, HD=hd, F32=INTERPRETED,
                                   BM=TILE, BS=ATTENTION_SPLIT, TREE=tree is not None,
-                                  DEPTH=anc.shape[-1] if tree else 1, PDL=pdl, num_warps=4, launch_pdl=pdl)
+                                  DEPTH=anc.shape[-1] if tree else 1, PDL=pdl,
+                                  TRIGGER=SPLIT_TRIGGER_SPLITS if trigger else 0, num_warps=4, launch_pdl=pdl)
     out = torch.empty_like(q)
     block_d = min(hd, COMBINE_COLUMNS)
     _attention_combine_kernel[(heads, rows, hd // block_d)](

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from dfvg.gpu.block_sizes import adopt_gpu_table, linear_config
 from dfvg.gpu.decode_attention import INTERPRETED, attention, early_trigger_on, pdl_on
-from dfvg.gpu.gemv_stream import ROW_COUNTERS, new_counters, row_counters, split_buffers
+from dfvg.gpu.gemv_stream import ROW_COUNTERS, new_counters, row_counters, split_buffers, split_columns
 from dfvg.gpu.kernels import HAVE_TRITON
 from dfvg.gpu.tree_rows import TreeRows
 from dfvg.gpu.weight_tiles import aligned_rows, describable, weight_descriptor
@@ -90,6 +90,12 @@ FACTORED_QKV_NORM = True
 # by one TMA copy through a descriptor instead of per-thread cp.async loads (`dfvg.gpu.weight_tiles`); same products,
 # same order (GPU test). H100, ctx 512 (RESULTS.md, 2026-12-07 15:52 UTC): T <= 17 1.01x, T >= 33 0.98-0.99x; so off.
 TMA_WEIGHTS = False
+# A swapped, stacked launch without TMA whose split is at most this many K steps (0: none) loads all its weight tiles
+# before it waits for the launch before it (`weight_tiles._tiles_ahead`): the target's QKV and O (3 steps of 128). With
+# the shipped early triggers (H100, 2026-12-07 18:17 UTC, RESULTS.md): T = 1 1.005x at 512 tokens, 0.990x at 2k,
+# 0.984x at 8k, 0.973x at 32k, T = 5 1.003x, 0.982x, 0.990x, 1.013x; but over 16 rows (no early trigger before it,
+# and no pipelined loop) 1.01-1.05x. Same bits (tests). Off: no gain where the product's steps run (short contexts).
+WEIGHTS_AHEAD = 0
 
 if HAVE_TRITON:
     import triton
@@ -107,6 +113,7 @@ if HAVE_TRITON:
         _scaled_block_out,
         _stream,
     )
+    from dfvg.gpu.weight_tiles import _tiles_ahead
 
     @triton.jit(do_not_specialize=["rows"])
     def _linear_kernel(x_ptr, x_stride, g_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, count_ptr, rows, N,
@@ -116,14 +123,16 @@ if HAVE_TRITON:
                        PDL: tl.constexpr, PREFETCH: tl.constexpr, TRIGGER: tl.constexpr, THREADS: tl.constexpr,
                        EARLY: tl.constexpr, xn_ptr, gn_ptr, row_count_ptr, NORM_OUT: tl.constexpr,
                        LOADS_FIRST: tl.constexpr, sq_ptr, ROW_SCALE: tl.constexpr, SCALE_OUT: tl.constexpr,
-                       w_desc, TMA: tl.constexpr):
+                       w_desc, TMA: tl.constexpr, AHEAD: tl.constexpr):
         """out [rows, N] = res + (norm?(x) W[:N]^T + b), or silu(. W[:N]^T) * (. W[N:2N]^T) with SWIGLU; with
         NORM_OUT (= N; 0: none), also xn = RMSNorm(out) * gn (`gemv_stream._normalize_rows`). `FACTORED_NORM`: with
         SCALE_OUT, also xn = out * gn and out's sums of squares per block to sq; with ROW_SCALE (the producer's
-        blocks a row), x is such an xn and the sums are scaled by 1/RMS of sq's rows."""
+        blocks a row), x is such an xn and the sums are scaled by 1/RMS of sq's rows. AHEAD: K steps of weight tiles
+        loaded before the wait (`WEIGHTS_AHEAD`)."""
         block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         n0 = block * BN
         n_rows = 2 * N if SWIGLU else N
+        ahead = _tiles_ahead(w_ptr, n0, N + n0, n_rows, K, split * k_len, SWIGLU, BN, BK, AHEAD)
         _prefetch_weights(w_ptr, n0, N + n0, n_rows, K, split * k_len, k_len, t0, SWIGLU, BN, THREADS, PREFETCH)
         _after_previous_launch(PDL)
         if EARLY:  # `EPILOGUE_FIRST`: their round trip overlaps the weight stream
@@ -131,7 +140,8 @@ if HAVE_TRITON:
         if ROW_SCALE:  # loaded before the stream, added after it
             sums = _block_sums(sq_ptr, t0, rows, ROW_SCALE, BT)
         acc, acc_up = _stream(x_ptr, x_stride, g_ptr, w_ptr, n0, N + n0, n_rows, rows, t0, split * k_len, k_len, K,
-                              eps, NORM, SWIGLU, F32, BT, BN, BK, SWAP_AB, STACK, LOADS_FIRST, w_desc, 0, n0, TMA)
+                              eps, NORM, SWIGLU, F32, BT, BN, BK, SWAP_AB, STACK, LOADS_FIRST, w_desc, 0, n0, TMA,
+                              ahead)
         _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
@@ -157,17 +167,20 @@ if HAVE_TRITON:
                          BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                          SWAP_AB: tl.constexpr, STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
                          TRIGGER: tl.constexpr, THREADS: tl.constexpr, EARLY: tl.constexpr,
-                         LOADS_FIRST: tl.constexpr, sq_ptr, ROW_SCALE: tl.constexpr, w_desc, TMA: tl.constexpr):
+                         LOADS_FIRST: tl.constexpr, sq_ptr, ROW_SCALE: tl.constexpr, w_desc, TMA: tl.constexpr,
+                         AHEAD: tl.constexpr):
         """Output block (head, chunk): columns c..c+BN of both halves of one q/k/v head, so RoPE's pairs
         (d, d + HD/2) meet in one program; q -> q_ptr [rows, HEADS, HD], k/v -> cache [S, KV, HD] at slot (the
         position on a chain; a token tree's nodes of one depth share a position but not a slot). ROW_SCALE (the
-        producer's blocks a row, `FACTORED_QKV_NORM`): x is already times g, and the sums are scaled by 1/RMS of sq."""
+        producer's blocks a row, `FACTORED_QKV_NORM`): x is times g, its sums scaled by 1/RMS of sq. AHEAD: ditto."""
         HALF: tl.constexpr = HD // 2
         chunks: tl.constexpr = HALF // BN
         block, split, t0, tile = _program(tl.program_id(0), rows, SPLIT_K, BT)
         head = block // chunks
         lo = (block % chunks) * BN + tl.arange(0, BN)  # column within the head's first half
         row_lo = head * HD + (block % chunks) * BN
+        ahead = _tiles_ahead(w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD, K, split * k_len, True, BN, BK,
+                             AHEAD)
         _prefetch_weights(w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD, K, split * k_len, k_len, t0,
                           True, BN, THREADS, PREFETCH)
         _after_previous_launch(PDL)
@@ -178,7 +191,7 @@ if HAVE_TRITON:
             sums = _block_sums(sq_ptr, t0, rows, ROW_SCALE, BT)
         acc_lo, acc_hi = _stream(x_ptr, K, g_ptr, w_ptr, row_lo, row_lo + HALF, (HEADS + 2 * KV_HEADS) * HD,
                                  rows, t0, split * k_len, k_len, K, eps, ROW_SCALE == 0, True, F32, BT, BN, BK,
-                                 SWAP_AB, STACK, LOADS_FIRST, w_desc, head, (block % chunks) * BN, TMA)
+                                 SWAP_AB, STACK, LOADS_FIRST, w_desc, head, (block % chunks) * BN, TMA, ahead)
         _let_next_launch_start(TRIGGER)
         last = True
         if SPLIT_K > 1:
@@ -229,18 +242,22 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows:
     return {"BT": tile_rows, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
             "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": STACKED_PAIR, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl,
-            "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "TRIGGER": early_trigger_on(x.device),
+            "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0,
+            "TRIGGER": early_trigger_on(x.device, x.shape[0]),
             "THREADS": threads, "EARLY": EPILOGUE_FIRST, "LOADS_FIRST": RMS_LOADS_FIRST,
             **_weight_tiles(weight, cfg, pair, groups)}
 
 
 def _weight_tiles(weight: Tensor, cfg: dict, pair: bool, groups: int) -> dict:
-    """A launch's w_desc and TMA: the weight's descriptor where `TMA_WEIGHTS` is on, the launch is swapped and
-    stacked, and TMA can describe the weight (`weight_tiles.describable`); else None and False."""
-    tma = TMA_WEIGHTS and bool(cfg.get("SWAP_AB")) and STACKED_PAIR and describable(weight, groups, pair)
-    if not tma:
-        return {"w_desc": None, "TMA": False}
-    return {"w_desc": weight_descriptor(weight, groups, pair, cfg["BN"], cfg["BK"]), "TMA": True}
+    """A launch's w_desc, TMA and AHEAD: the weight's descriptor where `TMA_WEIGHTS` is on, the launch is swapped and
+    stacked, and TMA can describe the weight (`weight_tiles.describable`), else None and False; and, for a swapped,
+    stacked launch without TMA, its split's K steps where `WEIGHTS_AHEAD` covers them (all loaded before the wait),
+    else 0."""
+    swapped = bool(cfg.get("SWAP_AB")) and STACKED_PAIR
+    if not (TMA_WEIGHTS and swapped and describable(weight, groups, pair)):
+        steps = -(-split_columns(weight.shape[1], cfg["SPLIT_K"], cfg["BK"]) // cfg["BK"])
+        return {"w_desc": None, "TMA": False, "AHEAD": steps if swapped and steps <= WEIGHTS_AHEAD else 0}
+    return {"w_desc": weight_descriptor(weight, groups, pair, cfg["BN"], cfg["BK"]), "TMA": True, "AHEAD": 0}
 
 
 def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias: Tensor | None = None,
@@ -363,21 +380,6 @@ def layer_forward(x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, 
     if next_norm is not None:
         return linear_then_scaled(h, w2, next_norm, residual=x, counters=counters)
     return fused_linear(h, w2, residual=x, counters=counters)
-
-
-def logits(model, x: Tensor, counters: Tensor | None = None, given: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """Final RMSNorm + LM head on x [T, D] -> float32 logits [T, V], rounded to bf16 first as
-    `Transformer.logits` rounds; a row-invariant launch, unlike cuBLAS, whose kernel choice depends on T. given:
-    the last layer's (x times the final norm's g, block sums) (`FACTORED_QKV_NORM`), streamed instead of x."""
-    eps = model.config.rms_norm_eps
-    if given is None:
-        out = fused_linear(x, model.output.weight, norm=model.norm.weight, eps=eps, counters=counters).float()
-    else:
-        out = fused_linear(given[0], model.output.weight, eps=eps, counters=counters, row_sums=given[1]).float()
-    if model.config.head_vocab_size:
-        full = out.new_full((out.shape[0], model.config.vocab_size), float("-inf"))
-        out = full.index_copy_(-1, model.head_token_ids, out)
-    return out
 
 
 def supported(model) -> str | None:

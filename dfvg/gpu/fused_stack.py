@@ -71,10 +71,25 @@ def last_rows(x: Tensor, scaled: Scaled) -> tuple[Tensor, Scaled]:
     return x[-1:].contiguous(), None if scaled is None else (scaled[0][-1:].contiguous(), scaled[1][-1:].contiguous())
 
 
+def head_logits(model, x: Tensor, counters: Tensor | None = None, given: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Final RMSNorm + LM head on x [T, D] -> float32 logits [T, V], rounded to bf16 first as
+    `Transformer.logits` rounds; a row-invariant launch, unlike cuBLAS, whose kernel choice depends on T. given:
+    the last layer's (x times the final norm's g, block sums) (`FACTORED_QKV_NORM`), streamed instead of x."""
+    eps = model.config.rms_norm_eps
+    if given is None:
+        out = fused.fused_linear(x, model.output.weight, norm=model.norm.weight, eps=eps, counters=counters).float()
+    else:
+        out = fused.fused_linear(given[0], model.output.weight, eps=eps, counters=counters, row_sums=given[1]).float()
+    if model.config.head_vocab_size:
+        full = out.new_full((out.shape[0], model.config.vocab_size), float("-inf"))
+        out = full.index_copy_(-1, model.head_token_ids, out)
+    return out
+
+
 def stack_logits(model, x: Tensor, counters: Tensor, scaled: Scaled = None) -> Tensor:
-    """The head as a row-invariant launch too (`fused.logits`), by row chunks; from `scaled` where the last layer
+    """The head as a row-invariant launch too (`head_logits`), by row chunks; from `scaled` where the last layer
     handed it the final norm's input."""
     def head(a: int, b: int) -> Tensor:
-        return fused.logits(model, x[a:b], counters, scaled_rows(scaled, a, b))
+        return head_logits(model, x[a:b], counters, scaled_rows(scaled, a, b))
 
     return by_chunks(row_chunks(x.shape[0]), head)

@@ -261,7 +261,7 @@ if HAVE_TRITON:
     def _stream(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K: tl.constexpr, eps,
                 NORM: tl.constexpr, PAIR: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, SWAP_AB: tl.constexpr, STACK: tl.constexpr, LOADS_FIRST: tl.constexpr,
-                w_desc=None, w_group=0, w_row=0, TMA: tl.constexpr = False):
+                w_desc=None, w_group=0, w_row=0, TMA: tl.constexpr = False, ahead=()):
         """Rows t0.. of A times weight rows row0..row0+BN (and row1.. with PAIR) over columns k_lo..k_lo+k_len
         -> float32 [BT, BN] x2; with NORM, A is RMSNorm(x) * g, rounded as `dfvg.model.RMSNorm` rounds.
 
@@ -272,10 +272,11 @@ if HAVE_TRITON:
         registers, 2 programs per SM). Either way each row's sum runs over k in the same order for every T.
         STACK (with SWAP_AB, `fused.STACKED_PAIR`): a pair's two weight blocks are one [2 BN, BK] operand of one MMA,
         so each K step waits for one group of wgmmas, not two, and 8 warps split it by weight rows. TMA (with both):
-        the tiles come through w_desc, at (w_group, w_row) (`dfvg.gpu.weight_tiles`)."""
+        the tiles come through w_desc, at (w_group, w_row) (`dfvg.gpu.weight_tiles`). ahead (with both, no TMA): every
+        weight tile of the program's split, loaded before its wait (`weight_tiles._tiles_ahead`)."""
         if SWAP_AB and STACK:
             return _stream_stacked(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K, eps,
-                                   NORM, PAIR, F32, BT, BN, BK, LOADS_FIRST, w_desc, w_group, w_row, TMA)
+                                   NORM, PAIR, F32, BT, BN, BK, LOADS_FIRST, w_desc, w_group, w_row, TMA, ahead)
         rstd = _row_scales(x_ptr, x_stride, rows, t0, K, eps, NORM, BT, LOADS_FIRST)
         acc0 = tl.zeros((BN, BT) if SWAP_AB else (BT, BN), tl.float32)
         acc1 = tl.zeros((BN, BT) if SWAP_AB else (BT, BN), tl.float32)
@@ -304,19 +305,27 @@ if HAVE_TRITON:
     def _stream_stacked(x_ptr, x_stride, g_ptr, w_ptr, row0, row1, n_rows, rows, t0, k_lo, k_len, K: tl.constexpr,
                         eps, NORM: tl.constexpr, PAIR: tl.constexpr, F32: tl.constexpr, BT: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, LOADS_FIRST: tl.constexpr, w_desc, w_group, w_row,
-                        TMA: tl.constexpr):
-        """`_stream` with SWAP_AB and STACK: W x^T with the pair's blocks stacked into one MMA operand."""
+                        TMA: tl.constexpr, ahead):
+        """`_stream` with SWAP_AB and STACK: W x^T with the pair's blocks stacked into one MMA operand; with `ahead`
+        (every K step of the split, loaded before the wait; past K zeros, which add exact zeros as the loop's absent
+        steps add nothing), no loop and so no pipeline buffers. The same products in the same order either way."""
         GROUPS: tl.constexpr = 2 if PAIR else 1
         rstd = _row_scales(x_ptr, x_stride, rows, t0, K, eps, NORM, BT, LOADS_FIRST)
         acc = tl.zeros((GROUPS * BN, BT), tl.float32)
-        for k0 in range(k_lo, tl.minimum(k_lo + k_len, K), BK):
-            g = _norm_weights(g_ptr, k0, K, NORM, BK)
-            if TMA:
-                w = _described_tile(w_desc, w_group, w_row, k0, PAIR, BN, BK)
-            else:
-                w = _stacked_tile(w_ptr, row0, row1, n_rows, K, k0, PAIR, BN, BK)
-            a = _a_tile(x_ptr, x_stride, rows, t0, K, k0, rstd, g, NORM, BT, BK)
-            acc += _dot(w, tl.trans(a), F32)
+        if len(ahead) > 0:
+            for i in tl.static_range(len(ahead)):
+                g = _norm_weights(g_ptr, k_lo + i * BK, K, NORM, BK)
+                a = _a_tile(x_ptr, x_stride, rows, t0, K, k_lo + i * BK, rstd, g, NORM, BT, BK)
+                acc += _dot(ahead[i], tl.trans(a), F32)
+        else:
+            for k0 in range(k_lo, tl.minimum(k_lo + k_len, K), BK):
+                g = _norm_weights(g_ptr, k0, K, NORM, BK)
+                if TMA:
+                    w = _described_tile(w_desc, w_group, w_row, k0, PAIR, BN, BK)
+                else:
+                    w = _stacked_tile(w_ptr, row0, row1, n_rows, K, k0, PAIR, BN, BK)
+                a = _a_tile(x_ptr, x_stride, rows, t0, K, k0, rstd, g, NORM, BT, BK)
+                acc += _dot(w, tl.trans(a), F32)
         return _unstack(acc, PAIR, BT, BN)
 
     @triton.jit

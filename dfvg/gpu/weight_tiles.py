@@ -34,13 +34,26 @@ if HAVE_TRITON:
 
     @triton.jit
     def _stacked_tile(w_ptr, row0, row1, n_rows, K, k0, PAIR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        """Weight rows row0..row0+BN, then (with PAIR) row1..row1+BN, as one [2 BN, BK] tile ([BN, BK] without)."""
+        """Weight rows row0..row0+BN, then (with PAIR) row1..row1+BN, as one [2 BN, BK] tile ([BN, BK] without);
+        zeros past n_rows and K."""
         GROUPS: tl.constexpr = 2 if PAIR else 1
         r = tl.arange(0, GROUPS * BN)
         n = tl.where(r < BN, row0 + r, row1 + r - BN)
         k = k0 + tl.arange(0, BK)
         return tl.load(w_ptr + n[:, None] * K + k[None, :], mask=(n[:, None] < n_rows) & (k[None, :] < K),
                        other=0.0, eviction_policy="evict_first")
+
+    @triton.jit
+    def _tiles_ahead(w_ptr, row0, row1, n_rows, K, k_lo, PAIR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     STEPS: tl.constexpr):
+        """The `_stacked_tile`s of STEPS K steps from column k_lo (a program's split: whole BK steps,
+        `gemv_stream.split_columns`), loads issued and nothing computed on them, so a program can call this before it
+        waits for the launch before it (`fused.WEIGHTS_AHEAD`): weights are never written during a step. Past K
+        (the last split's rest, or an empty split) a tile is zeros."""
+        tiles = ()
+        for i in tl.static_range(STEPS):
+            tiles = tiles + (_stacked_tile(w_ptr, row0, row1, n_rows, K, k_lo + i * BK, PAIR, BN, BK),)
+        return tiles
 
     @triton.jit
     def _described_tile(w_desc, group, row, k0, PAIR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
