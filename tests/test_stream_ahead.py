@@ -294,3 +294,37 @@ def test_early_triggers_follow_their_row_bound(monkeypatch):
     monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", True)
     monkeypatch.setattr(decode_attention, "pdl_on", lambda device: False)
     assert not decode_attention.early_trigger_on(device, 1)
+
+
+def test_attention_passes_the_split_and_merge_triggers_it_was_given(monkeypatch):
+    """`decode_attention.attention` hands its split launch `SPLIT_TRIGGER_SPLITS` and its merge the trigger where
+    launches of its rows trigger early (`early_trigger_on`), 0 and False where they do not: the launches are replaced
+    by recorders (no GPU), so this checks the arguments, not the kernels."""
+    from dfvg.gpu import decode_attention
+
+    if not HAVE_TRITON:
+        pytest.skip("Triton is not installed")
+    launched = {}
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.__setitem__(self.name, kwargs["TRIGGER"])
+
+    monkeypatch.setattr(decode_attention, "_attention_split_kernel", Recorder("split"))
+    monkeypatch.setattr(decode_attention, "_attention_combine_kernel", Recorder("merge"))
+    monkeypatch.setattr(decode_attention, "pdl_on", lambda device: True)
+    monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", True)
+    monkeypatch.setattr(decode_attention, "SPLIT_TRIGGER_SPLITS", 128)
+    monkeypatch.setattr(decode_attention, "EARLY_TRIGGER_ROWS", 16)
+    dims = (4, 2, 32, 0, 1e-6)
+    cache = torch.zeros(256, 2, 32, dtype=torch.bfloat16)
+    for rows, trigger in ((1, True), (16, True), (17, False)):
+        q, pos = torch.zeros(rows, 4 * 32, dtype=torch.bfloat16), torch.arange(100, 100 + rows)
+        decode_attention.attention(q, cache, cache, pos, dims)
+        assert launched == {"split": 128 if trigger else 0, "merge": trigger}, (rows, launched)
+    monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", False)
+    decode_attention.attention(torch.zeros(1, 4 * 32, dtype=torch.bfloat16), cache, cache, torch.arange(100, 101), dims)
+    assert launched == {"split": 0, "merge": False}, launched
