@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfvg.gpu import fused  # noqa: E402
 from dfvg.gpu.block_sizes import GPU_TABLES, TUNED, adopt_gpu_table  # noqa: E402
-from dfvg.gpu.gemv_stream import split_columns  # noqa: E402
 from dfvg.gpu.kernels import HAVE_TRITON  # noqa: E402
 
 LINEAR = {"x_ptr": "*bf16", "x_stride": "i32", "g_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16",
@@ -103,7 +102,7 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
               "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead or _triggers(height), "THREADS": 32 * cfg["num_warps"],
               "EARLY": fused.EPILOGUE_FIRST, "LOADS_FIRST": fused.RMS_LOADS_FIRST,
               "TMA": fused.TMA_WEIGHTS and bool(cfg.get("SWAP_AB", 0)) and fused.STACKED_PAIR,
-              "AHEAD": _steps_ahead(shape, cfg)}
+              "AHEAD": 0 if fused.TMA_WEIGHTS else fused.steps_ahead(shape[1], cfg)}
     down_blocks = -(-1536 // table[(1536, 8960)]["BN"])  # the down launch's output blocks: QKV's / the head's sums
     qkv_factored = fused.FACTORED_QKV_NORM  # down stores out * g and its sums, QKV (past layer 0) and the head scale
     if what.startswith("qkv"):
@@ -130,14 +129,6 @@ def _triggers(height: int) -> bool:
 
     bound = decode_attention.EARLY_TRIGGER_ROWS
     return decode_attention.EARLY_TRIGGER and (bound is None or height <= bound)
-
-
-def _steps_ahead(shape: tuple[int, int], cfg: dict) -> int:
-    """The K steps of weight tiles the launch loads before its wait (`fused.WEIGHTS_AHEAD`, as `fused._weight_tiles`
-    counts them: a swapped, stacked launch without TMA whose split has at most that many steps loads them all)."""
-    swapped = bool(cfg.get("SWAP_AB", 0)) and fused.STACKED_PAIR and not fused.TMA_WEIGHTS
-    steps = -(-split_columns(shape[1], cfg["SPLIT_K"], cfg["BK"]) // cfg["BK"])
-    return steps if swapped and steps <= fused.WEIGHTS_AHEAD else 0
 
 
 def registers(cubin: bytes) -> int | None:

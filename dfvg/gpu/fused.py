@@ -90,11 +90,10 @@ FACTORED_QKV_NORM = True
 # by one TMA copy through a descriptor instead of per-thread cp.async loads (`dfvg.gpu.weight_tiles`); same products,
 # same order (GPU test). H100, ctx 512 (RESULTS.md, 2026-12-07 15:52 UTC): T <= 17 1.01x, T >= 33 0.98-0.99x; so off.
 TMA_WEIGHTS = False
-# A swapped, stacked launch without TMA whose split is at most this many K steps (0: none) loads all its weight tiles
-# before it waits for the launch before it (`weight_tiles._tiles_ahead`): the target's QKV and O (3 steps of 128). With
-# the shipped early triggers (H100, 2026-12-07 18:17 UTC, RESULTS.md): T = 1 1.005x at 512 tokens, 0.990x at 2k,
-# 0.984x at 8k, 0.973x at 32k, T = 5 1.003x, 0.982x, 0.990x, 1.013x; but over 16 rows (no early trigger before it,
-# and no pipelined loop) 1.01-1.05x. Same bits (tests). Off: no gain where the product's steps run (short contexts).
+# A swapped, stacked launch without TMA whose split is at most this many K steps (0: none) loads them all before its
+# wait (`steps_ahead`): the target's QKV and O (3 steps of 128). With the shipped triggers (H100, 2026-12-07 18:17 UTC,
+# RESULTS.md): T = 1 1.005x at 512 tokens, 0.990x at 2k, 0.984x at 8k, 0.973x at 32k, T = 5 1.003x, 0.982x, 0.990x,
+# 1.013x; over 16 rows (no trigger before it, no pipelined loop) 1.01-1.05x. Same bits (tests). Off: no gain at 512.
 WEIGHTS_AHEAD = 0
 
 if HAVE_TRITON:
@@ -231,33 +230,34 @@ def _tile_rows(rows: int, cfg: dict, normalizes: bool) -> int:
 
 
 def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows: int, groups: int = 1) -> dict:
-    """Keyword arguments of a fused GEMV launch: its block sizes, programmatic dependent launch where the GPU
-    has it, and with it the weight prefetch and early trigger where switched on. A prefetch asks for whole
-    16-byte units from 16-byte aligned rows (K and the column count multiples of 8), a piece per thread, so
-    not for more rows per program (two blocks of BN with `pair`) than the program has threads. With `TMA_WEIGHTS`,
-    a swapped, stacked launch gets its weight's descriptor (`groups` of blocks: the QKV weight's heads)."""
+    """Keyword arguments of a fused GEMV launch: its block sizes, programmatic dependent launch where the GPU has it,
+    and with it the weight prefetch and early trigger where switched on. A prefetch asks for whole 16-byte units of
+    aligned rows (`aligned_rows`), a piece per thread, so not for more rows per program (two blocks of BN with `pair`)
+    than it has threads. `_weight_tiles`: the TMA descriptor (`groups` of blocks: QKV's heads), the steps ahead."""
     pdl = pdl_on(x.device)
     threads = 32 * cfg["num_warps"]
     can_prefetch = pdl and aligned_rows(weight) and (2 if pair else 1) * cfg["BN"] <= threads
     return {"BT": tile_rows, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
             "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": STACKED_PAIR, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl,
-            "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0,
-            "TRIGGER": early_trigger_on(x.device, x.shape[0]),
+            "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "TRIGGER": early_trigger_on(x.device, len(x)),
             "THREADS": threads, "EARLY": EPILOGUE_FIRST, "LOADS_FIRST": RMS_LOADS_FIRST,
             **_weight_tiles(weight, cfg, pair, groups)}
 
 
 def _weight_tiles(weight: Tensor, cfg: dict, pair: bool, groups: int) -> dict:
     """A launch's w_desc, TMA and AHEAD: the weight's descriptor where `TMA_WEIGHTS` is on, the launch is swapped and
-    stacked, and TMA can describe the weight (`weight_tiles.describable`), else None and False; and, for a swapped,
-    stacked launch without TMA, its split's K steps where `WEIGHTS_AHEAD` covers them (all loaded before the wait),
-    else 0."""
-    swapped = bool(cfg.get("SWAP_AB")) and STACKED_PAIR
-    if not (TMA_WEIGHTS and swapped and describable(weight, groups, pair)):
-        steps = -(-split_columns(weight.shape[1], cfg["SPLIT_K"], cfg["BK"]) // cfg["BK"])
-        return {"w_desc": None, "TMA": False, "AHEAD": steps if swapped and steps <= WEIGHTS_AHEAD else 0}
+    stacked, and TMA can describe the weight (`weight_tiles.describable`), else None, False and `steps_ahead`."""
+    if not (TMA_WEIGHTS and cfg.get("SWAP_AB") and STACKED_PAIR and describable(weight, groups, pair)):
+        return {"w_desc": None, "TMA": False, "AHEAD": steps_ahead(weight.shape[1], cfg)}
     return {"w_desc": weight_descriptor(weight, groups, pair, cfg["BN"], cfg["BK"]), "TMA": True, "AHEAD": 0}
+
+
+def steps_ahead(k: int, cfg: dict) -> int:
+    """K steps a launch without TMA over K = k loads before its wait: all its split's, where it is swapped and stacked
+    and `WEIGHTS_AHEAD` covers them (`weight_tiles._tiles_ahead`), else 0 (gpu/compile_sm90.py asks too)."""
+    steps = -(-split_columns(k, cfg["SPLIT_K"], cfg["BK"]) // cfg["BK"])
+    return steps if cfg.get("SWAP_AB") and STACKED_PAIR and steps <= WEIGHTS_AHEAD else 0
 
 
 def fused_linear(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, bias: Tensor | None = None,
