@@ -55,7 +55,8 @@ def current_mode() -> dict:
             "loads_first": fused.RMS_LOADS_FIRST,
             "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM, "tma": fused.TMA_WEIGHTS,
             "ahead": fused.WEIGHTS_AHEAD, "trigger_rows": decode_attention.EARLY_TRIGGER_ROWS,
-            "split_trigger": decode_attention.SPLIT_TRIGGER_SPLITS}
+            "split_trigger": decode_attention.SPLIT_TRIGGER_SPLITS,
+            "gemv_trigger_rows": decode_attention.GEMV_TRIGGER_ROWS}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
@@ -137,7 +138,8 @@ def _ahead_modes(shipped: dict) -> dict[str, dict]:
     the early trigger for launches of up to TRIGGER_ROWS rows (`decode_attention.EARLY_TRIGGER_ROWS`) alone and with
     the split's at contexts of up to SPLIT_TRIGGER splits; and QKV's and O's weights loaded before the wait
     (`fused.WEIGHTS_AHEAD` of AHEAD_STEPS), alone, with the early trigger, with the split's too, and with both
-    bounded."""
+    bounded (the GEMVs' bound, `decode_attention.GEMV_TRIGGER_ROWS`, set alike); and the bound of the GEMVs that a GEMV
+    follows (O, gate/up, down) lifted alone."""
     ahead = {(0, True): "next launch triggered after the weight loop",
              (0, False): "each launch triggering the next at its exit"}
     for columns in PREFETCHES:
@@ -158,8 +160,13 @@ def _ahead_modes(shipped: dict) -> dict[str, dict]:
             f"QKV and O weights before the wait, early trigger up to {TRIGGER_ROWS} rows, the split's up to "
             f"{SPLIT_TRIGGER} splits"}
     keys = ("ahead", "trigger", "trigger_rows", "split_trigger")
-    return modes | {f"shipped, {name}": {**shipped, **dict(zip(keys, switches, strict=True))}
-                    for switches, name in later.items() if switches != tuple(shipped[key] for key in keys)}
+    modes |= {f"shipped, {name}": {**shipped, **dict(zip(keys, switches, strict=True)),
+                                   "gemv_trigger_rows": switches[2]}
+              for switches, name in later.items() if switches != tuple(shipped[key] for key in keys)}
+    if shipped["gemv_trigger_rows"] is not None:  # GEMVs of every row count early, the attention's launches bounded
+        modes["shipped, O, gate/up and down of any row count letting the next launch start after their weight loop"] = {
+            **shipped, "gemv_trigger_rows": None}
+    return modes
 
 
 def _set_mode(mode: dict, tables: dict[str, list]) -> None:
@@ -175,6 +182,7 @@ def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     fused.FACTORED_QKV_NORM, fused.TMA_WEIGHTS = mode["factored_qkv"], mode["tma"]
     fused.WEIGHTS_AHEAD, decode_attention.EARLY_TRIGGER_ROWS = mode["ahead"], mode["trigger_rows"]
     decode_attention.SPLIT_TRIGGER_SPLITS = mode["split_trigger"]
+    decode_attention.GEMV_TRIGGER_ROWS = mode["gemv_trigger_rows"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's
     block_sizes.TUNED.update({(n, k): config for n, k, config in tables[mode["table"]]})
 

@@ -358,13 +358,33 @@ def contexts_of(text: str) -> tuple[int, ...]:
     return whole_numbers(text, fused.MAX_ROWS, max(CONTEXTS), "contexts", "512,1024")
 
 
+def given_tables(paths: str, sweep: bool) -> dict[str, list]:
+    """--tuned's tables by mode-table name: one file's is "given", several are "given <file stem>" each (a --sweep
+    starts from one file only)."""
+    files = [path for path in paths.split(",") if path]
+    if len(files) > 1 and sweep:
+        raise UserError("--sweep starts from one --tuned file, not several")
+    if len(files) == 1:
+        return {"given": block_sizes.read_tuned(files[0])}
+    names = [f"given {Path(path).stem}" for path in files]
+    if len(set(names)) < len(names):
+        raise UserError(f"--tuned {paths}: two files of one name; give each table its own file name")
+    return {name: block_sizes.read_tuned(path) for name, path in zip(names, files, strict=True)}
+
+
+def rows_over(table: list[list], rows: list[list]) -> list[list]:
+    """A table's [N, K, config] rows with `rows` in place of its rows of the same shapes (and any new shapes)."""
+    return [[n, k, config] for (n, k), config in ({(n, k): c for n, k, c in table} |
+                                                  {(n, k): c for n, k, c in rows}).items()]
+
+
 def block_size_tables(args, cfg, only: tuple[str, ...], result: dict, out: Path) -> dict[str, list]:
     """The tables the modes compare: shipped (with this GPU's rows, as the product runs), --tuned's, the sweep's."""
     block_sizes.adopt_gpu_table(torch.cuda.get_device_name())
     tables = {"shipped": block_sizes.tuned_rows()}
-    if args.tuned:
-        block_sizes.apply_tuned(args.tuned)
-        tables["given"] = block_sizes.tuned_rows()
+    tables |= {name: rows_over(tables["shipped"], rows) for name, rows in (args.tuned or {}).items()}
+    if len(args.tuned or {}) == 1:  # (one file: it stays applied, and a --sweep starts from it)
+        block_sizes.apply_tuned(args.tuned["given"])
     if args.sweep:
         result["sweep"] = sweep(cfg, args.sweep_rows, only, args.sweep_space)
         (out / "tuned.json").write_text(json.dumps(block_sizes.tuned_rows()))
@@ -382,7 +402,8 @@ def main(argv=None) -> None:
                    "w13, w2, lm_head; the others keep the table they have)")
     p.add_argument("--sweep-space", default={}, type=sweep_space,
                    help="with --sweep: replace its value lists, e.g. 'BK=64,128 num_stages=4,5,6,7 num_warps=4'")
-    p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply (a --sweep then starts from it)")
+    p.add_argument("--tuned", help="tuned.json of an earlier sweep to apply (a --sweep then starts from it); several, "
+                   "comma-separated, each a table of its own beside the shipped one ('given <file stem>')")
     p.add_argument("--modes-only", action="store_true", help="only the launch-mode comparison")
     p.add_argument("--modes", default="", help="launch modes to run, separated by ';' (default: all)")
     p.add_argument("--mode-contexts", default=MODE_CONTEXTS, type=contexts_of,
@@ -396,7 +417,7 @@ def main(argv=None) -> None:
     cfg = SHAPES["qwen2.5-coder-1.5b"]
     try:
         only = sweep_launches(cfg, args.sweep_shapes, args.sweep_space) if args.sweep else ()
-        args.tuned = block_sizes.read_tuned(args.tuned) if args.tuned else None  # the path's rows, checked
+        args.tuned = given_tables(args.tuned, args.sweep) if args.tuned else None  # the paths' rows, checked
     except UserError as exc:
         p.error(str(exc))
     if not torch.cuda.is_available():

@@ -99,8 +99,8 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
     cfg, what = cfg or table[shape], LAUNCHES[shape]
     common = {"K": shape[1], "F32": False, "BT": height, "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
               "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": fused.STACKED_PAIR, "PDL": True,
-              "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead or _triggers(height), "THREADS": 32 * cfg["num_warps"],
-              "EARLY": fused.EPILOGUE_FIRST, "LOADS_FIRST": fused.RMS_LOADS_FIRST,
+              "PREFETCH": 512 if ahead else 0, "TRIGGER": ahead or _triggers(height, what),
+              "THREADS": 32 * cfg["num_warps"], "EARLY": fused.EPILOGUE_FIRST, "LOADS_FIRST": fused.RMS_LOADS_FIRST,
               "TMA": fused.TMA_WEIGHTS and bool(cfg.get("SWAP_AB", 0)) and fused.STACKED_PAIR,
               "AHEAD": 0 if fused.TMA_WEIGHTS else fused.steps_ahead(shape[1], cfg)}
     down_blocks = -(-1536 // table[(1536, 8960)]["BN"])  # the down launch's output blocks: QKV's / the head's sums
@@ -122,12 +122,13 @@ def compiled_launch(height: int, shape: tuple[int, int], ahead: bool = False, cf
     return compiled(fused._linear_kernel, LINEAR, consts, cfg)
 
 
-def _triggers(height: int) -> bool:
-    """Whether the shipped launch of `height`-row tiles triggers the next launch early, as a launch of up to 16 rows
-    runs it (`decode_attention.EARLY_TRIGGER` up to `EARLY_TRIGGER_ROWS` rows; a taller tile runs more rows)."""
+def _triggers(height: int, what: str) -> bool:
+    """Whether the shipped launch `what` of `height`-row tiles triggers the next launch early, as a launch of up to 16
+    rows runs it (`decode_attention.EARLY_TRIGGER` up to `GEMV_TRIGGER_ROWS` rows, QKV up to the attention's
+    `EARLY_TRIGGER_ROWS`: the attention split follows it; a taller tile runs more rows)."""
     from dfvg.gpu import decode_attention
 
-    bound = decode_attention.EARLY_TRIGGER_ROWS
+    bound = decode_attention.EARLY_TRIGGER_ROWS if what.startswith("qkv") else decode_attention.GEMV_TRIGGER_ROWS
     return decode_attention.EARLY_TRIGGER and (bound is None or height <= bound)
 
 

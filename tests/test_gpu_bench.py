@@ -255,7 +255,8 @@ def shipped_switches() -> dict:
             "slots": decode_attention.ATTENTION_SPLIT, "loads_first": fused.RMS_LOADS_FIRST,
             "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM, "tma": fused.TMA_WEIGHTS,
             "ahead": fused.WEIGHTS_AHEAD, "trigger_rows": decode_attention.EARLY_TRIGGER_ROWS,
-            "split_trigger": decode_attention.SPLIT_TRIGGER_SPLITS}
+            "split_trigger": decode_attention.SPLIT_TRIGGER_SPLITS,
+            "gemv_trigger_rows": decode_attention.GEMV_TRIGGER_ROWS}
 
 
 def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
@@ -282,8 +283,12 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
               if any(mode[key] != shipped[key] for key in later)]  # bounded triggers, QKV and O weights ahead
     assert loaded == [(0, True, None, 2 ** 20), (0, True, 16, 0), (3, False, None, 0), (3, True, None, 0),
                       (3, True, None, 2 ** 20), (3, True, 16, 128)]
-    assert all(mode == {**shipped, **{key: mode[key] for key in ("trigger", *later)}} for mode in modes.values()
-               if any(mode[key] != shipped[key] for key in later))
+    assert all(mode == {**shipped, **{key: mode[key] for key in ("trigger", *later)},
+                        "gemv_trigger_rows": mode["trigger_rows"]} for mode in modes.values()
+               if any(mode[key] != shipped[key] for key in later))  # (the GEMVs' bound set as the attention's)
+    gemvs = [mode for mode in modes.values() if mode["gemv_trigger_rows"] != shipped["gemv_trigger_rows"]
+             and all(mode[key] == shipped[key] for key in later)]
+    assert gemvs == [{**shipped, "gemv_trigger_rows": None}]
     assert modes["shipped with the swept block sizes"]["table"] == "swept"
     assert [modes[f"shipped with {rows}-row tiles"] for rows in (32, 64)] == [
         {**shipped, "tile_rows": 32}, {**shipped, "tile_rows": 64}]
@@ -519,7 +524,10 @@ def test_the_lease_scripts_parse_and_name_known_modes():
         assert parsed.returncode == 0, (script.name, parsed.stderr)
         text = script.read_text()
         for command, asked in re.findall(r'(gpu_rows\.py[^\n]*(?:\\\n[^\n]*)*?)--modes "([^"$]+)"', text):
-            unknown = [name for name in asked.split(";") if name.strip() and name.strip() not in known]
+            files = (re.findall(r"--tuned (\S+)", command) or [""])[0].split(",")
+            given = {f"given {Path(path).stem}": rows for path in files} if len(files) > 1 else {}
+            named = known | gpu_modes.modes_of({"shipped": rows, **given})
+            unknown = [name for name in asked.split(";") if name.strip() and name.strip() not in named]
             assert not unknown, (script.name, unknown)
             assert "given" not in asked or "--tuned" in command, (script.name, "a given table's mode without --tuned")
             assert "swept" not in asked or "--sweep" in command, (script.name, "a swept table's mode without --sweep")

@@ -181,7 +181,7 @@ def test_a_gpus_own_table_replaces_the_shipped_rows_on_that_gpu_only():
     h100 = block_sizes.GPU_TABLES["H100"]
     assert block_sizes.linear_config(8960, 1536) == h100[(8960, 1536)] != shipped[(8960, 1536)]
     assert block_sizes.linear_config(1536, 8960) == given
-    assert block_sizes.linear_config(151936, 1536) == shipped[(151936, 1536)]  # no H100 row: the shipped one
+    assert block_sizes.linear_config(768, 512) == shipped[(768, 512)]  # no H100 row (the draft's): the shipped one
     block_sizes.TUNED[(8960, 1536)] = given  # adopted once per GPU name: a second call changes nothing
     block_sizes.adopt_gpu_table("NVIDIA H100 80GB HBM3")
     assert block_sizes.linear_config(8960, 1536) == given
@@ -338,6 +338,34 @@ def test_rows_are_bit_identical_to_one_row_steps_on_gpu(height, swap, stack, ear
         pytest.skip("needs a CUDA GPU with Triton")
     with tile_rows(height), fused_switch("STACKED_PAIR", stack), fused_switch("EPILOGUE_FIRST", early):
         assert invariance_failures("cuda", 64, splits=(1, 2, 3, 5, 8), swap=swap) == []  # 5: ragged, 2 empty
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("factored", [True, False])
+def test_lm_head_rows_are_bit_identical_to_one_row_launches_on_gpu(factored):
+    """The LM head at the target's shape (151,936 x 1,536) with this GPU's table (on Hopper the swapped MMA, so one
+    tall tile over 48 rows where it scales by 1/RMS of the last down launch's block sums, `FACTORED_QKV_NORM`; its
+    own RMSNorm in 16-row tiles otherwise): every row of a 5-, 17-, 48- and 64-row launch equals its one-row launch
+    bit for bit. The small models of the other tests have a 512-token head, which no GPU table has a row for."""
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    from dfvg.gpu import fused
+
+    torch.manual_seed(0)
+    weight = (torch.randn(151936, 1536, device="cuda") * 0.02).to(torch.bfloat16)
+    x = torch.randn(64, 1536, device="cuda").to(torch.bfloat16)
+    g = (torch.rand(1536, device="cuda") + 0.5).to(torch.bfloat16)
+    sums = torch.rand(64, 24, device="cuda") * 64 + 1  # 24 blocks: the down launch's 1,536 / 64 columns
+
+    def head(a: int, b: int) -> torch.Tensor:
+        if factored:
+            return fused.fused_linear(x[a:b], weight, eps=1e-6, row_sums=sums[a:b])
+        return fused.fused_linear(x[a:b], weight, norm=g, eps=1e-6)
+
+    ones = torch.cat([head(t, t + 1) for t in range(64)])
+    assert ones.abs().amax() > 0
+    for rows in (5, 17, 48, 64):
+        assert torch.equal(head(0, rows), ones[:rows]), rows
 
 
 @pytest.mark.gpu

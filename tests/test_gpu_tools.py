@@ -4,6 +4,7 @@ gpu/compile_sm90.py's compile report (instruction, shared memory, registers, pro
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -127,8 +128,8 @@ def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
     h100 = subprocess.run([sys.executable, str(tool), "--gpu", "H100", "16"], capture_output=True, text=True,
                           timeout=600)
     assert h100.returncode == 0, h100.stderr[-2000:]
-    # the Hopper table (H100 and H200) swaps every launch but the LM head
-    assert ["wgmma" in line for line in h100.stdout.splitlines()] == [True, True, True, True, False], h100.stdout
+    # the Hopper table (H100 and H200) swaps every launch, the LM head too (since 2026-12-07)
+    assert ["wgmma" in line for line in h100.stdout.splitlines()] == [True] * 5, h100.stdout
     for args, says in ((["--shape", "10x10"], "--shape is one of"), (["--space", "BK=x"], "--space"),
                        (["--space", "SPLIT_K=8"], "the block sizes asked for leave w13 none to try"),
                        (["--shape"], "--shape needs a value, e.g. --shape 8960x1536"),
@@ -221,6 +222,31 @@ def test_norm_cost_refuses_a_tuned_file_that_is_not_a_sweeps_in_one_line(text, s
         norm_cost.main(["--tuned", str(path if text != "nope.json" else tmp_path / text)])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_gpu_rows_takes_several_tuned_tables_each_beside_the_shipped_one(tmp_path):
+    """gpu_rows.py --tuned a.json,b.json: each file is a table of its own ("given <stem>"), the shipped rows with the
+    file's over them; one file stays "given"; a --sweep from several, or two files of one name, is refused in one
+    line before any GPU time."""
+    from benchmarks import gpu_rows
+    from dfvg.errors import UserError
+
+    down = [[1536, 8960, {"BN": 64, "BK": 64, "SPLIT_K": 7, "num_warps": 4, "num_stages": 6, "SWAP_AB": 1}]]
+    head = [[151936, 1536, {"BN": 64, "BK": 128, "SPLIT_K": 1, "num_warps": 8, "num_stages": 4, "SWAP_AB": 1}]]
+    (tmp_path / "down7.json").write_text(json.dumps(down))
+    (tmp_path / "head.json").write_text(json.dumps(head))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "head.json").write_text(json.dumps(down))
+    paths = f"{tmp_path / 'down7.json'},{tmp_path / 'head.json'}"
+    assert gpu_rows.given_tables(paths, False) == {"given down7": down, "given head": head}
+    assert gpu_rows.given_tables(str(tmp_path / "head.json"), True) == {"given": head}
+    shipped = [[1536, 8960, {"BN": 64}], [2048, 1536, {"BN": 32}]]
+    assert gpu_rows.rows_over(shipped, down) == [down[0], shipped[1]]
+    assert gpu_rows.rows_over(shipped, head) == [*shipped, head[0]]
+    with pytest.raises(UserError, match="one --tuned file"):
+        gpu_rows.given_tables(paths, True)
+    with pytest.raises(UserError, match="two files of one name"):
+        gpu_rows.given_tables(f"{tmp_path / 'head.json'},{tmp_path / 'other' / 'head.json'}", False)
 
 
 @pytest.fixture

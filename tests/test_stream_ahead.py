@@ -279,7 +279,8 @@ def test_qkv_and_o_load_their_weights_before_the_wait_and_the_others_do_not():
 
 def test_early_triggers_follow_their_row_bound(monkeypatch):
     """`decode_attention.early_trigger_on`: launches of up to EARLY_TRIGGER_ROWS rows trigger early (None: every row
-    count), more rows do not, and nothing triggers without PDL or with EARLY_TRIGGER off."""
+    count), GEMVs up to GEMV_TRIGGER_ROWS, more rows do not, and nothing triggers without PDL or with EARLY_TRIGGER
+    off."""
     from dfvg.gpu import decode_attention
 
     device = torch.device("cuda")
@@ -287,6 +288,10 @@ def test_early_triggers_follow_their_row_bound(monkeypatch):
     monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", True)
     monkeypatch.setattr(decode_attention, "EARLY_TRIGGER_ROWS", 16)
     assert [decode_attention.early_trigger_on(device, rows) for rows in (1, 16, 17, 64)] == [True, True, False, False]
+    monkeypatch.setattr(decode_attention, "GEMV_TRIGGER_ROWS", None)  # GEMVs have their own bound
+    assert [decode_attention.early_trigger_on(device, 64, gemv) for gemv in (False, True)] == [False, True]
+    monkeypatch.setattr(decode_attention, "GEMV_TRIGGER_ROWS", 16)
+    assert not decode_attention.early_trigger_on(device, 17, True)
     monkeypatch.setattr(decode_attention, "EARLY_TRIGGER_ROWS", None)
     assert decode_attention.early_trigger_on(device, 64)
     monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", False)
@@ -328,3 +333,37 @@ def test_attention_passes_the_split_and_merge_triggers_it_was_given(monkeypatch)
     monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", False)
     decode_attention.attention(torch.zeros(1, 4 * 32, dtype=torch.bfloat16), cache, cache, torch.arange(100, 101), dims)
     assert launched == {"split": 0, "merge": False}, launched
+
+
+def test_qkv_keeps_the_attentions_trigger_bound_and_the_other_gemvs_theirs(monkeypatch):
+    """QKV's launch lets the attention split start early only up to the attention's bound (`EARLY_TRIGGER_ROWS`): the
+    split is the launch after it. The GEMVs that a GEMV follows (O, gate/up, down: `fused_linear`) take
+    `GEMV_TRIGGER_ROWS`. The kernels are replaced by recorders (no GPU): this checks the arguments."""
+    from dfvg.gpu import decode_attention, fused
+
+    if not HAVE_TRITON:
+        pytest.skip("Triton is not installed")
+    launched = {}
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.__setitem__(self.name, kwargs["TRIGGER"])
+
+    monkeypatch.setattr(fused, "_qkv_rope_kernel", Recorder("qkv"))
+    monkeypatch.setattr(fused, "_linear_kernel", Recorder("gemv"))
+    monkeypatch.setattr(decode_attention, "pdl_on", lambda device: True)
+    monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", True)
+    monkeypatch.setattr(decode_attention, "EARLY_TRIGGER_ROWS", 16)
+    dims, bf16 = (4, 2, 32, 0, 1e-6), torch.bfloat16
+    cache, table = torch.zeros(256, 2, 32, dtype=bf16), torch.zeros(256, 32)
+    for gemv_bound, rows, expected in ((None, 16, (True, True)), (None, 17, (False, True)), (None, 64, (False, True)),
+                                       (16, 17, (False, False)), (64, 17, (False, True))):
+        monkeypatch.setattr(decode_attention, "GEMV_TRIGGER_ROWS", gemv_bound)
+        x, pos = torch.zeros(rows, 64, dtype=bf16), torch.arange(100, 100 + rows)
+        fused.qkv_rope(x, torch.ones(64, dtype=bf16), torch.zeros(8 * 32, 64, dtype=bf16), None, pos, table, table,
+                       cache, cache, dims)
+        fused.fused_linear(x, torch.zeros(32, 64, dtype=bf16))
+        assert (launched["qkv"], launched["gemv"]) == expected, (gemv_bound, rows, launched)

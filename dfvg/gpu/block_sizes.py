@@ -40,17 +40,22 @@ TUNED: dict[tuple[int, int], dict] = {
 
 
 # Rows measured on other GPUs, which replace TUNED's on those GPUs (`adopt_gpu_table`, by a part of the device's
-# name). Hopper (H100 and H200): every launch but the LM head with SWAP_AB (weights as the wgmma's M side), swept on
-# an H100 80GB HBM3 for T = 1, 5, 17 and 64 rows together (benchmarks/gpu_rows.py --sweep, 2026-12-06 06:40-07:00
-# UTC, benchmarks/h100_2026-12-06c). Against TUNED on the same card, in alternating rounds, the step took (context
-# 512): on that H100 0.986x at T = 1, 0.985x at T = 5, 0.87x at T = 33 and 0.86x at T = 64; on an H200, with
+# name). Hopper (H100 and H200): every launch with SWAP_AB (weights as the wgmma's M side), swept on an H100 80GB HBM3
+# for T = 1, 5, 17 and 64 rows together (benchmarks/gpu_rows.py --sweep, 2026-12-06 06:40-07:00 UTC,
+# benchmarks/h100_2026-12-06c). Against TUNED on the same card, in alternating rounds, the step took (context 512): on
+# that H100 0.986x at T = 1, 0.985x at T = 5, 0.87x at T = 33 and 0.86x at T = 64; on an H200, with
 # `fused.STACKED_PAIR`, 0.972x at T = 1, 0.971x at T = 5, 0.817x at T = 33 and 0.828x at T = 64 (2026-12-06 09:58 UTC,
-# benchmarks/h200_2026-12-06). Every row stays bit-identical to its one-row step on both.
+# benchmarks/h200_2026-12-06). Every row stays bit-identical to its one-row step on both. The LM head joined on
+# 2026-12-07 (H100, 21:17 UTC, benchmarks/h100_2026-12-07_tables): swapped, it takes one tall tile over 48 rows (it
+# scales by the last down launch's block sums, `fused.FACTORED_QKV_NORM`), and the step with TUNED's head took 1.036x
+# at T = 64 at 512 tokens, 1.022x at 2k, 1.009x at 8k, 1.007x at 32k, 0.995-1.003x at T <= 48 (the same logits bits at
+# every T and context). Split-K other than shipped lost there: down 5, 7, 11 ways; QKV and O 6 and 12 ways.
 HOPPER = {
     (2048, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 3, "SWAP_AB": 1},
     (1536, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3, "SWAP_AB": 1},
     (8960, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3, "SWAP_AB": 1},
     (1536, 8960): {"BN": 64, "BK": 64, "SPLIT_K": 4, "num_warps": 4, "num_stages": 6, "SWAP_AB": 1},
+    (151936, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 1, "num_warps": 8, "num_stages": 4, "SWAP_AB": 1},
 }
 GPU_TABLES: dict[str, dict[tuple[int, int], dict]] = {"H100": HOPPER, "H200": HOPPER}
 _GIVEN: set[tuple[int, int]] = set()  # shapes `apply_tuned` set (a sweep, --tuned): a GPU's table leaves them

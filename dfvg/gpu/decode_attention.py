@@ -54,6 +54,11 @@ EARLY_TRIGGER = True
 # there the next launch's waiting programs take SM slots from work that needs them (the attention of many rows; every
 # row count triggering: T = 64 1.039x at 2k tokens, 1.040x at 8k, same lease).
 EARLY_TRIGGER_ROWS: int | None = 16
+# The same bound for the GEMV launches that a GEMV follows (O, gate/up, down; None: every row count); QKV, which the
+# attention split follows, keeps EARLY_TRIGGER_ROWS. Every launch triggering early at every row count gained at 512
+# tokens (T = 64 0.983x) and lost at 2k-8k (1.04x); every GEMV, QKV among them, with the attention's launches bounded:
+# T = 64 0.970x at 512 tokens, 1.039x at 2k, 1.041x at 8k (H100, 2026-12-07 21:12 UTC, RESULTS.md).
+GEMV_TRIGGER_ROWS: int | None = 16
 # With EARLY_TRIGGER, the split launch too lets the merge start at once where the step's positions fill at most this
 # many splits (0: never; decided in the kernel from the positions, so a graph replayed at a longer context keeps the
 # implicit trigger): the merge's programs are then resident, waiting, while the split runs, and the O launch (at the
@@ -68,10 +73,11 @@ def pdl_on(device: torch.device) -> bool:
     return PDL and HAVE_GDC and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def early_trigger_on(device: torch.device, rows: int) -> bool:
+def early_trigger_on(device: torch.device, rows: int, gemv: bool = False) -> bool:
     """Whether launches of `rows` rows on `device` let the next one start early (`EARLY_TRIGGER` up to
-    `EARLY_TRIGGER_ROWS`, under PDL)."""
-    return EARLY_TRIGGER and pdl_on(device) and (EARLY_TRIGGER_ROWS is None or rows <= EARLY_TRIGGER_ROWS)
+    `EARLY_TRIGGER_ROWS`, a GEMV's up to `GEMV_TRIGGER_ROWS`, under PDL)."""
+    bound = GEMV_TRIGGER_ROWS if gemv else EARLY_TRIGGER_ROWS
+    return EARLY_TRIGGER and pdl_on(device) and (bound is None or rows <= bound)
 
 
 if HAVE_TRITON:

@@ -66,9 +66,9 @@ EPILOGUE_FIRST = False
 # 0.924x; for all (0): 1.016x at T = 1 (H100: the O launch's serial tail outweighs the saving). RESULTS.md, 2026-12-06.
 # Read only with FACTORED_NORM off.
 NORM_IN_PRODUCER_ABOVE: int | None = 16
-# Launches of more rows than this with rows as the MMA's N side (SWAP_AB), no RMSNorm on either side (down; gate/up on
-# the O launch's rows) take one tile of up to 64 rows (`_tile_rows`; None: never), so one program streams each weight
-# tile. Rows equal one-row launches (tests). H100, ctx 512: T = 64 0.959x; T = 33, 48 1.018x (RESULTS.md, 2026-12-06).
+# Launches of more rows than this with rows as the MMA's N side (SWAP_AB), no RMSNorm on either side (down; gate/up, LM
+# head on their producer's rows) take one tile of up to 64 rows (`_tile_rows`; None: never), so one program streams
+# each weight tile. Rows equal one-row launches (tests). H100, ctx 512: T = 64 0.959x; T = 33, 48 1.018x (2026-12-06).
 TALL_TILES_ABOVE: int | None = 48
 # RMSNorm's 1/RMS pass loads every step's x tile before summing any (`gemv_stream._inv_rms`; O's tail also loads the
 # rows and g together to normalize): the sm_90 PTX otherwise waits one L2 round trip per 512-column step. Same bits
@@ -86,7 +86,7 @@ FACTORED_NORM = True
 # input is the embedding). Other bits, the same for every T (GPU tests). Against off (H200, RESULTS.md 2026-12-06 20:51
 # UTC): ctx 512 T = 1 0.958x, T = 17 0.943x, T = 64 0.912x; T = 1..64 at 2k 0.929-0.965x, at 32k 0.976-0.985x.
 FACTORED_QKV_NORM = True
-# Swapped, stacked launches (SWAP_AB with STACKED_PAIR: all but the LM head on Hopper) take each K step's weight tile
+# Swapped, stacked launches (SWAP_AB with STACKED_PAIR: every launch on Hopper) take each K step's weight tile
 # by one TMA copy through a descriptor instead of per-thread cp.async loads (`dfvg.gpu.weight_tiles`); same products,
 # same order (GPU test). H100, ctx 512 (RESULTS.md, 2026-12-07 15:52 UTC): T <= 17 1.01x, T >= 33 0.98-0.99x; so off.
 TMA_WEIGHTS = False
@@ -239,9 +239,9 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows:
     can_prefetch = pdl and aligned_rows(weight) and (2 if pair else 1) * cfg["BN"] <= threads
     return {"BT": tile_rows, "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT_K": cfg["SPLIT_K"],
             "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": STACKED_PAIR, "num_warps": cfg["num_warps"],
-            "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl,
-            "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "TRIGGER": early_trigger_on(x.device, len(x)),
-            "THREADS": threads, "EARLY": EPILOGUE_FIRST, "LOADS_FIRST": RMS_LOADS_FIRST,
+            "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl, "THREADS": threads,
+            "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "EARLY": EPILOGUE_FIRST,
+            "TRIGGER": early_trigger_on(x.device, len(x), gemv=True), "LOADS_FIRST": RMS_LOADS_FIRST,
             **_weight_tiles(weight, cfg, pair, groups)}
 
 
@@ -332,12 +332,12 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
     blocks = (heads + 2 * kv_heads) * (hd // 2 // cfg["BN"])
     k_len, parts, counters = split_buffers(cfg, blocks, rows, k, x.device, counters, TILE_ROWS)
     q = torch.empty(rows, heads * hd, dtype=x.dtype, device=x.device)
+    options = _launch_options(x, weight, cfg, True, TILE_ROWS, heads + 2 * kv_heads)  # the trigger: the attention's
+    options["TRIGGER"] = early_trigger_on(x.device, rows)  # bound (`EARLY_TRIGGER_ROWS`), its split launch is next
     _qkv_rope_kernel[(blocks * cfg["SPLIT_K"] * triton.cdiv(rows, TILE_ROWS),)](
         x, norm, weight, bias if bias is not None else weight, pos, pos if slots is None else slots, cos, sin, q,
-        kc, vc, parts, counters, rows, k,
-        k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None, F32=INTERPRETED,
-        **_launch_options(x, weight, cfg, True, TILE_ROWS, heads + 2 * kv_heads),
-        sq_ptr=q if row_sums is None else row_sums,
+        kc, vc, parts, counters, rows, k, k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd,
+        HAS_BIAS=bias is not None, F32=INTERPRETED, **options, sq_ptr=q if row_sums is None else row_sums,
         ROW_SCALE=0 if row_sums is None else row_sums.shape[1])
     return q
 
