@@ -138,8 +138,8 @@ def _ahead_modes(shipped: dict) -> dict[str, dict]:
     the early trigger for launches of up to TRIGGER_ROWS rows (`decode_attention.EARLY_TRIGGER_ROWS`) alone and with
     the split's at contexts of up to SPLIT_TRIGGER splits; and QKV's and O's weights loaded before the wait
     (`fused.WEIGHTS_AHEAD` of AHEAD_STEPS), alone, with the early trigger, with the split's too, and with both
-    bounded (the GEMVs' bound, `decode_attention.GEMV_TRIGGER_ROWS`, set alike); and the bound of the GEMVs that a GEMV
-    follows (O, gate/up, down) lifted alone."""
+    bounded (the GEMVs' bound, `decode_attention.GEMV_TRIGGER_ROWS`, set alike); and the bound of the GEMVs but QKV (O,
+    gate/up, down, the LM head) flipped alone."""
     ahead = {(0, True): "next launch triggered after the weight loop",
              (0, False): "each launch triggering the next at its exit"}
     for columns in PREFETCHES:
@@ -163,7 +163,10 @@ def _ahead_modes(shipped: dict) -> dict[str, dict]:
     modes |= {f"shipped, {name}": {**shipped, **dict(zip(keys, switches, strict=True)),
                                    "gemv_trigger_rows": switches[2]}
               for switches, name in later.items() if switches != tuple(shipped[key] for key in keys)}
-    if shipped["gemv_trigger_rows"] is not None:  # GEMVs of every row count early, the attention's launches bounded
+    if shipped["gemv_trigger_rows"] is None:  # O, gate/up and down over 16 rows at their exit, as QKV and attention
+        modes["shipped, O, gate/up and down over 16 rows letting the next launch start only at their exit"] = {
+            **shipped, "gemv_trigger_rows": TRIGGER_ROWS}
+    else:
         modes["shipped, O, gate/up and down of any row count letting the next launch start after their weight loop"] = {
             **shipped, "gemv_trigger_rows": None}
     return modes

@@ -194,6 +194,7 @@ def test_weights_ahead_with_early_triggers_change_no_bit_of_a_graphed_forward_on
         for steps, trigger in ((0, False), (3, True)):
             with weights_ahead(steps) as taken, fused_switch("EARLY_TRIGGER", trigger, decode_attention), \
                     fused_switch("EARLY_TRIGGER_ROWS", None, decode_attention), \
+                    fused_switch("GEMV_TRIGGER_ROWS", None, decode_attention), \
                     fused_switch("SPLIT_TRIGGER_SPLITS", 2 ** 20 if trigger else 0, decode_attention):
                 graph, out = capture_graph(lambda ids=ids, pos=pos: gm.forward(ids, pos), gm.device)
                 graph.replay()

@@ -49,7 +49,7 @@ TUNED: dict[tuple[int, int], dict] = {
 # 2026-12-07 (H100, 21:17 UTC, benchmarks/h100_2026-12-07_tables): swapped, it takes one tall tile over 48 rows (it
 # scales by the last down launch's block sums, `fused.FACTORED_QKV_NORM`), and the step with TUNED's head took 1.036x
 # at T = 64 at 512 tokens, 1.022x at 2k, 1.009x at 8k, 1.007x at 32k, 0.995-1.003x at T <= 48 (the same logits bits at
-# every T and context). Split-K other than shipped lost there: down 5, 7, 11 ways; QKV and O 6 and 12 ways.
+# every T and context). Split-K other than shipped lost at T = 64: down 5, 7, 11 ways; QKV and O 2, 6 and 12 ways.
 HOPPER = {
     (2048, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 3, "SWAP_AB": 1},
     (1536, 1536): {"BN": 64, "BK": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3, "SWAP_AB": 1},

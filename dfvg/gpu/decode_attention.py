@@ -47,18 +47,19 @@ except ImportError:  # pragma: no cover - depends on the install
 # prefetch their weights) while this one's last programs reduce and store; and the attention merge at once, so the O
 # projection after it is resident during the merge (48 short programs at T = 1). (A trigger right after the wait in
 # every launch measured slower, 1.01-1.17x per step on 2026-12-04.) Against the implicit trigger at exit (H100,
-# 2026-12-07 18:04-18:19 UTC, RESULTS.md), with the two bounds below: T = 1 0.958x at 512 tokens, 0.963x at 2k, 0.971x
-# at 8k, 0.977x at 32k; T = 5 0.962-0.982x; never over 1.002x at any row count or context. Same bits.
+# 2026-12-07 18:04-18:19 UTC, RESULTS.md), with the bounds of then (16 rows for every launch): T = 1 0.958x at 512
+# tokens, 0.963x at 2k, 0.971x at 8k, 0.977x at 32k; T = 5 0.962-0.982x; never over 1.002x at any row count. Same bits.
 EARLY_TRIGGER = True
 # Launches of more rows than this keep the implicit trigger at their exit (None: every row count triggers early):
 # there the next launch's waiting programs take SM slots from work that needs them (the attention of many rows; every
 # row count triggering: T = 64 1.039x at 2k tokens, 1.040x at 8k, same lease).
 EARLY_TRIGGER_ROWS: int | None = 16
-# The same bound for the GEMV launches that a GEMV follows (O, gate/up, down; None: every row count); QKV, which the
-# attention split follows, keeps EARLY_TRIGGER_ROWS. Every launch triggering early at every row count gained at 512
-# tokens (T = 64 0.983x) and lost at 2k-8k (1.04x); every GEMV, QKV among them, with the attention's launches bounded:
-# T = 64 0.970x at 512 tokens, 1.039x at 2k, 1.041x at 8k (H100, 2026-12-07 21:12 UTC, RESULTS.md).
-GEMV_TRIGGER_ROWS: int | None = 16
+# The same bound for the GEMV launches but QKV (`fused_linear`'s: O, gate/up, down, the LM head; None: every row
+# count); QKV, which the attention split follows, keeps EARLY_TRIGGER_ROWS. Every launch triggering early at every row
+# count gained at 512 tokens (T = 64 0.983x) and lost at 2k-8k (1.04x); every GEMV, QKV among them: T = 64 0.970x at 512
+# tokens, 1.039x at 2k, 1.041x at 8k; all but QKV (None, against 16): T = 33-64 0.984-0.993x at 512, 0.978-0.993x at
+# 2k, 0.994-0.996x at 8k, T <= 17 0.997-1.003x (H100, 2026-12-07 21:12 and 21:51 UTC, RESULTS.md). Same bits.
+GEMV_TRIGGER_ROWS: int | None = None
 # With EARLY_TRIGGER, the split launch too lets the merge start at once where the step's positions fill at most this
 # many splits (0: never; decided in the kernel from the positions, so a graph replayed at a longer context keeps the
 # implicit trigger): the merge's programs are then resident, waiting, while the split runs, and the O launch (at the
@@ -98,7 +99,7 @@ if HAVE_TRITON:
         counters). Without `_let_next_launch_start` a program that exits counts as the trigger, so the next launch
         starts as this one drains (an early trigger right after the wait in every launch measured slower: dependents'
         programs then take SM slots while they wait; the merge and, at a short context, the split trigger there, the
-        GEMVs after their weight loop, up to `EARLY_TRIGGER_ROWS` rows)."""
+        GEMVs after their weight loop: QKV up to `EARLY_TRIGGER_ROWS` rows, the others up to `GEMV_TRIGGER_ROWS`)."""
         if PDL:
             tl.extra.cuda.gdc_wait()
 
