@@ -56,7 +56,8 @@ def current_mode() -> dict:
             "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM, "tma": fused.TMA_WEIGHTS,
             "ahead": fused.WEIGHTS_AHEAD, "trigger_rows": decode_attention.EARLY_TRIGGER_ROWS,
             "split_trigger": decode_attention.SPLIT_TRIGGER_SPLITS,
-            "gemv_trigger_rows": decode_attention.GEMV_TRIGGER_ROWS}
+            "gemv_trigger_rows": decode_attention.GEMV_TRIGGER_ROWS,
+            "merge_at_once": decode_attention.MERGE_HEAD_AT_ONCE}
 
 
 def modes_of(tables: dict[str, list]) -> dict[str, dict]:
@@ -118,7 +119,8 @@ def modes_of(tables: dict[str, list]) -> dict[str, dict]:
 
 def _attention_modes(shipped: dict) -> dict[str, dict]:
     """`modes_of`' attention switches, each other value beside the shipped one: work items per SM, the merge's
-    pieces, the split's cache slots and the split launch's programs a SM."""
+    pieces, the split's cache slots, a head merged at once (`decode_attention.MERGE_HEAD_AT_ONCE`, flipped) and the
+    split launch's programs a SM."""
     modes = {f"shipped, attention aiming at {items} work items per SM": {**shipped, "items": items}
              for items in ITEMS if items != shipped["items"]}
     for short, splits, columns in (pieces for pieces in MERGES if pieces != shipped["merge"]):
@@ -127,6 +129,9 @@ def _attention_modes(shipped: dict) -> dict[str, dict]:
             **shipped, "merge": (short, splits, columns)}
     modes |= {f"shipped, attention splits of {slots} cache slots": {**shipped, "slots": slots}
               for slots in SPLIT_SLOTS if slots != shipped["slots"]}
+    at_once = "its column pieces apart" if shipped["merge_at_once"] else "a head at once"  # MERGE_HEAD_AT_ONCE flipped
+    modes[f"shipped, attention merge taking {at_once} where a row's splits fit one step"] = {
+        **shipped, "merge_at_once": not shipped["merge_at_once"]}
     return modes | {f"shipped, {programs} split programs per SM": {**shipped, "split_programs": programs}
                     for programs in SPLIT_PROGRAMS if programs != shipped["split_programs"]}
 
@@ -186,6 +191,7 @@ def _set_mode(mode: dict, tables: dict[str, list]) -> None:
     fused.WEIGHTS_AHEAD, decode_attention.EARLY_TRIGGER_ROWS = mode["ahead"], mode["trigger_rows"]
     decode_attention.SPLIT_TRIGGER_SPLITS = mode["split_trigger"]
     decode_attention.GEMV_TRIGGER_ROWS = mode["gemv_trigger_rows"]
+    decode_attention.MERGE_HEAD_AT_ONCE = mode["merge_at_once"]
     block_sizes.TUNED.clear()  # written, not `apply_tuned`: a mode's table is not a user's, which outranks a GPU's
     block_sizes.TUNED.update({(n, k): config for n, k, config in tables[mode["table"]]})
 

@@ -22,7 +22,8 @@ of 16 at run time (x_stride, N, k_len) get the 16-divisibility hint.
     python gpu/compile_sm90.py --unfactored-norm 16    # fused.FACTORED_NORM off: gate/up normalizes its own x
     python gpu/compile_sm90.py --unfactored-qkv-norm 16  # fused.FACTORED_QKV_NORM off: QKV and the LM head
                                                          # normalize their own x (on: down stores out * g and sums)
-    python gpu/compile_sm90.py --attention       # the attention split launch at 64, 128 and 256 cache slots a split
+    python gpu/compile_sm90.py --attention       # the attention split launch at 64, 128 and 256 cache slots a split,
+                                                 # and the merge by columns and a head at once
     python gpu/compile_sm90.py --gpu H100 --tma 16  # fused.TMA_WEIGHTS on: swapped launches copy weights by TMA
     python gpu/compile_sm90.py --gpu H100 --weights-ahead 3 16  # fused.WEIGHTS_AHEAD: a split of <= 3 K steps
                                                                 # loads its weight tiles before the wait
@@ -209,6 +210,24 @@ def describe_attention(slots: int) -> str:
     return f"attention split  {slots:3d} slots  shared {shared / 1024:6.1f} KiB  {fit}"
 
 
+MERGE = {"pos_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": "*bf16", "rows": "i32"}
+
+
+def describe_merge(at_once: bool) -> str:
+    """One line: the attention merge launch of the 1.5B target as `attention` launches it, with a head merged at once
+    where a row's splits fit one step (`decode_attention.MERGE_HEAD_AT_ONCE`) or not: shared memory and registers."""
+    from dfvg.gpu import decode_attention
+
+    consts = {"HEADS": 12, "KV_HEADS": 2, "HD": 128, "BM": decode_attention.TILE,
+              "BS": decode_attention.ATTENTION_SPLIT, "NS": decode_attention.COMBINE_SPLITS,
+              "SHORT": decode_attention.COMBINE_SHORT,
+              "BD": decode_attention.COMBINE_COLUMNS, "PDL": True, "TRIGGER": True, "AT_ONCE": at_once}
+    kernel = compiled(decode_attention._attention_combine_kernel, MERGE, consts, {"num_warps": 4, "num_stages": 3})
+    regs = registers(kernel.asm["cubin"])
+    return f"attention merge  {'head at once' if at_once else 'by columns  '}  shared " \
+           f"{kernel.metadata.shared / 1024:6.1f} KiB  regs {regs if regs else '  ?'}"
+
+
 def describe_or_why_not(height: int, shape: tuple[int, int], ahead: bool, cfg: dict) -> str:
     """`describe`, or one line where Triton cannot build the launch with these block sizes (a sweep's result,
     as `gpu_rows.time_launch` counts it, not a crash)."""
@@ -261,7 +280,8 @@ def main(argv: list[str]) -> None:
     if not HAVE_TRITON:
         sys.exit("error: Triton is not installed (pip install triton; CUDA builds of torch ship it)")
     if "--attention" in argv:
-        print("\n".join(describe_attention(slots) for slots in (64, 128, 256)), flush=True)
+        print("\n".join([*(describe_attention(slots) for slots in (64, 128, 256)),
+                         *(describe_merge(at_once) for at_once in (False, True))]), flush=True)
         return
     ahead = "--stream-ahead" in argv
     fused.EPILOGUE_FIRST = fused.EPILOGUE_FIRST or "--epilogue-first" in argv

@@ -256,7 +256,8 @@ def shipped_switches() -> dict:
             "factored": fused.FACTORED_NORM, "factored_qkv": fused.FACTORED_QKV_NORM, "tma": fused.TMA_WEIGHTS,
             "ahead": fused.WEIGHTS_AHEAD, "trigger_rows": decode_attention.EARLY_TRIGGER_ROWS,
             "split_trigger": decode_attention.SPLIT_TRIGGER_SPLITS,
-            "gemv_trigger_rows": decode_attention.GEMV_TRIGGER_ROWS}
+            "gemv_trigger_rows": decode_attention.GEMV_TRIGGER_ROWS,
+            "merge_at_once": decode_attention.MERGE_HEAD_AT_ONCE}
 
 
 def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
@@ -289,6 +290,8 @@ def test_gpu_rows_compares_the_code_before_with_the_shipped_switches():
     gemvs = [mode for mode in modes.values() if mode["gemv_trigger_rows"] != shipped["gemv_trigger_rows"]
              and all(mode[key] == shipped[key] for key in later)]
     assert gemvs == [{**shipped, "gemv_trigger_rows": 16 if shipped["gemv_trigger_rows"] is None else None}]
+    at_once = [mode for mode in modes.values() if mode["merge_at_once"] != shipped["merge_at_once"]]
+    assert at_once == [{**shipped, "merge_at_once": not shipped["merge_at_once"]}]
     assert modes["shipped with the swept block sizes"]["table"] == "swept"
     assert [modes[f"shipped with {rows}-row tiles"] for rows in (32, 64)] == [
         {**shipped, "tile_rows": 32}, {**shipped, "tile_rows": 64}]

@@ -822,6 +822,26 @@ def test_a_wider_merge_step_keeps_rows_invariant_on_gpu(splits):
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
+def test_a_head_merged_at_once_is_the_same_bits_under_triton_interpreter():
+    """`decode_attention.MERGE_HEAD_AT_ONCE` (gpu_modes.py times it): where a row's splits fit one merge step, one
+    program merges all of a head's column pieces with the loop's operations, so every row of a 6-row pass has its
+    one-row logits and those equal the loop's, bit for bit, at a short context (one step) and a longer one (the
+    loop: 1,100 tokens are 18 splits, over COMBINE_SHORT)."""
+    differ, changed, gap = interpreted("t.attention_switch_checks('cpu', {'MERGE_HEAD_AT_ONCE': True}, "
+                                       "{'MERGE_HEAD_AT_ONCE': False})")
+    assert differ == 0 and changed == 0 and gap == 0, (differ, changed, gap)
+
+
+@pytest.mark.gpu
+def test_a_head_merged_at_once_is_the_same_bits_on_gpu():
+    """As above on the GPU: 64 rows at 70, 1,100 and 16,400 tokens. Not yet run on a GPU (2026-12-07)."""
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        pytest.skip("needs a CUDA GPU with Triton")
+    differ, changed, gap = attention_switch_checks("cuda", {"MERGE_HEAD_AT_ONCE": True}, {"MERGE_HEAD_AT_ONCE": False})
+    assert differ == 0 and changed == 0 and gap == 0, (differ, changed, gap)
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
 def test_wider_attention_splits_keep_rows_invariant_under_triton_interpreter():
     """`decode_attention.ATTENTION_SPLIT` = 128 (gpu_modes.py times it): every row of a 6-row pass has its one-row
     logits, bit for bit; the sums differ from 64-slot splits' (a split's softmax groups other slots: so the check

@@ -140,7 +140,8 @@ def test_sm90_compile_report_names_each_launchs_instruction_and_shared_memory():
 
 def test_sm90_compile_report_lists_the_attention_split_at_each_width():
     """--attention: one line per split width (64, 128, 256 cache slots), each with its shared memory; with the
-    registers, programs per SM that shrink as a split's tile grows (more shared memory a program)."""
+    registers, programs per SM that shrink as a split's tile grows (more shared memory a program); then the merge
+    launch by columns and with a head merged at once (`MERGE_HEAD_AT_ONCE`), each compiled for sm_90."""
     from dfvg.gpu.kernels import HAVE_TRITON
 
     if not HAVE_TRITON:
@@ -148,8 +149,9 @@ def test_sm90_compile_report_lists_the_attention_split_at_each_width():
     done = subprocess.run([sys.executable, str(ROOT / "gpu" / "compile_sm90.py"), "--attention"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
+    lines, merges = done.stdout.splitlines()[:3], done.stdout.splitlines()[3:]
     assert [int(line.split("split")[1].split()[0]) for line in lines] == [64, 128, 256], lines
+    assert [line.split()[2] for line in merges] == ["by", "head"], merges  # the merge compiles both ways
     shared = [float(line.split("shared")[1].split()[0]) for line in lines]
     assert shared == sorted(shared) and shared[0] > 0
     if all("regs   ?" not in line for line in lines):

@@ -212,26 +212,56 @@ if HAVE_TRITON:
             live = sp < splits
             state = ((sp * KV_HEADS + kv) * rows + t) * BM + row_in_tile
             m = tl.load(m_ptr + state, mask=live, other=-float("inf"))
-            m_new = tl.maximum(m_run, tl.max(m, axis=0))
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            w = tl.where(live, tl.exp(m - m_safe), 0.0)
-            scale_old = tl.exp(m_run - m_safe)
-            l_run = l_run * scale_old + tl.sum(w * tl.load(l_ptr + state, mask=live, other=0.0), axis=0)
+            l_part = tl.load(l_ptr + state, mask=live, other=0.0)
             part = tl.load(acc_ptr + state[:, None] * HD + d[None, :], mask=live[:, None], other=0.0)
-            acc = acc * scale_old + tl.sum(w[:, None] * part, axis=0)
-            m_run = m_new
+            m_run, l_run, acc = _merge_step(m_run, l_run, acc, m, l_part, part, live)
         return l_run, acc
+
+    @triton.jit
+    def _merge_step(m_run, l_run, acc, m, l_part, part, live):
+        """One merge step: the running (max, sum, acc [BD]) and NS splits' (m, l, acc [NS, BD]) -> the new ones."""
+        m_new = tl.maximum(m_run, tl.max(m, axis=0))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        w = tl.where(live, tl.exp(m - m_safe), 0.0)
+        scale_old = tl.exp(m_run - m_safe)
+        l_run = l_run * scale_old + tl.sum(w * l_part, axis=0)
+        acc = acc * scale_old + tl.sum(w[:, None] * part, axis=0)
+        return m_new, l_run, acc
+
+    @triton.jit
+    def _merge_head_at_once(m_ptr, l_ptr, acc_ptr, out_ptr, rows, t, head, kv, row_in_tile, splits,
+                            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
+                            NS: tl.constexpr, BD: tl.constexpr):
+        """A row's head whose splits (at most NS) fit one merge step: every BD-column piece merged as
+        `_merge_splits` merges it in one step (the same operations, so the same bits), but all pieces' loads issued
+        before any is used, by one program (`MERGE_HEAD_AT_ONCE`)."""
+        sp = tl.arange(0, NS)
+        live = sp < splits
+        state = ((sp * KV_HEADS + kv) * rows + t) * BM + row_in_tile
+        m = tl.load(m_ptr + state, mask=live, other=-float("inf"))
+        l_part = tl.load(l_ptr + state, mask=live, other=0.0)
+        parts = ()
+        for piece in tl.static_range(HD // BD):
+            d = piece * BD + tl.arange(0, BD)
+            parts = parts + (tl.load(acc_ptr + state[:, None] * HD + d[None, :], mask=live[:, None], other=0.0),)
+        for piece in tl.static_range(HD // BD):
+            _, l_run, acc = _merge_step(-float("inf"), 0.0, tl.zeros((BD,), tl.float32), m, l_part, parts[piece],
+                                        live)
+            out = acc / tl.where(l_run == 0, 1.0, l_run)
+            tl.store(out_ptr + t * (HEADS * HD) + head * HD + piece * BD + tl.arange(0, BD), out.to(tl.bfloat16))
 
     @triton.jit(do_not_specialize=["rows"])
     def _attention_combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
                                   KV_HEADS: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
                                   NS: tl.constexpr, SHORT: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr,
-                                  TRIGGER: tl.constexpr):
+                                  TRIGGER: tl.constexpr, AT_ONCE: tl.constexpr):
         """Program (head, row, BD columns): merge the splits that hold the row's positions -> out [rows, HEADS*HD]:
         SHORT at a time where they are at most SHORT, else NS at a time (SHORT = NS: always NS). Columns in
         separate programs so a 32k context (512 splits) is not a few long serial loops. Both the split count and the
         step width follow the row's own position, never the step's other rows (later splits of a T-row step hold
-        m = -inf for this row and would add exact zeros), so the sum is the one a T = 1 step makes."""
+        m = -inf for this row and would add exact zeros), so the sum is the one a T = 1 step makes. AT_ONCE
+        (`MERGE_HEAD_AT_ONCE`): where they are at most SHORT, the head's first program merges all its columns and
+        the others exit."""
         GROUP: tl.constexpr = HEADS // KV_HEADS
         _after_previous_launch(PDL)
         _let_next_launch_start(TRIGGER)
@@ -240,14 +270,19 @@ if HAVE_TRITON:
         own_splits = (tl.load(pos_ptr + t) + BS) // BS
         d = tl.program_id(2) * BD + tl.arange(0, BD)
         kv, row_in_tile = head // GROUP, head % GROUP
-        if own_splits <= SHORT:
-            l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS, HD,
-                                       BM, SHORT, BD)
+        if AT_ONCE and own_splits <= SHORT:
+            if tl.program_id(2) == 0:
+                _merge_head_at_once(m_ptr, l_ptr, acc_ptr, out_ptr, rows, t, head, kv, row_in_tile, own_splits, HEADS,
+                                    KV_HEADS, HD, BM, SHORT, BD)
         else:
-            l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS, HD,
-                                       BM, NS, BD)
-        out = acc / tl.where(l_run == 0, 1.0, l_run)
-        tl.store(out_ptr + t * (HEADS * HD) + head * HD + d, out.to(tl.bfloat16))
+            if own_splits <= SHORT:
+                l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS,
+                                           HD, BM, SHORT, BD)
+            else:
+                l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS,
+                                           HD, BM, NS, BD)
+            out = acc / tl.where(l_run == 0, 1.0, l_run)
+            tl.store(out_ptr + t * (HEADS * HD) + head * HD + d, out.to(tl.bfloat16))
 
 
 # Cache slots a split. Compiled for sm_90 (`gpu/compile_sm90.py --attention`): 48 KiB of shared memory and 128
@@ -268,6 +303,11 @@ COMBINE_COLUMNS = 32
 # The width is the same at every row count: a launch's columns change the order in which a program sums its splits.
 # 16 columns a program for one-row launches and 32 for larger ones gave 15 of 64 rows other bits than their
 # one-row steps at a 1,100-token context (H100, 2026-12-07 09:46, RESULTS.md), so the merge width never follows T.
+# Where a row's positions fill at most COMBINE_SHORT splits, one program merges all of a head's column pieces (the
+# same operations on the same [splits, columns] tiles, so the same bits), their loads issued together, and the head's
+# other programs exit: at T = 64 the launch's 3,072 programs of 4 warps are 1.45 waves of 16 a SM, each a chain of
+# dependent loads. Built 2026-12-07, not yet timed or run on a GPU: off (gpu_modes.py times it).
+MERGE_HEAD_AT_ONCE = False
 
 
 TILE = 16  # query rows of one attention tile: one token's GQA heads, padded (the smallest MMA height)
@@ -336,5 +376,6 @@ def attention(q: Tensor, kc: Tensor, vc: Tensor, pos: Tensor, dims: tuple,
     block_d = min(hd, COMBINE_COLUMNS)
     _attention_combine_kernel[(heads, rows, hd // block_d)](
         pos, m, l_sum, acc, out, rows, HEADS=heads, KV_HEADS=kv_heads, HD=hd, BM=TILE, BS=ATTENTION_SPLIT,
-        NS=COMBINE_SPLITS, SHORT=COMBINE_SHORT, BD=block_d, PDL=pdl, TRIGGER=trigger, num_warps=4, launch_pdl=pdl)
+        NS=COMBINE_SPLITS, SHORT=COMBINE_SHORT, BD=block_d, PDL=pdl, TRIGGER=trigger, AT_ONCE=MERGE_HEAD_AT_ONCE,
+        num_warps=4, launch_pdl=pdl)
     return out
