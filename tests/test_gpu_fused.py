@@ -826,9 +826,10 @@ def test_a_head_merged_at_once_is_the_same_bits_under_triton_interpreter():
     """`decode_attention.MERGE_HEAD_AT_ONCE` (gpu_modes.py times it): where a row's splits fit one merge step, one
     program merges all of a head's column pieces with the loop's operations, so every row of a 6-row pass has its
     one-row logits and those equal the loop's, bit for bit, at a short context (one step) and a longer one (the
-    loop: 1,100 tokens are 18 splits, over COMBINE_SHORT)."""
-    differ, changed, gap = interpreted("t.attention_switch_checks('cpu', {'MERGE_HEAD_AT_ONCE': True}, "
-                                       "{'MERGE_HEAD_AT_ONCE': False})")
+    loop: 1,100 tokens are 18 splits, over COMBINE_SHORT). 8 columns a piece: the small model's 32-column heads are
+    then 4 pieces, so one program merges several and the others exit (at 32 columns a head is one piece)."""
+    differ, changed, gap = interpreted("t.attention_switch_checks('cpu', {'MERGE_HEAD_AT_ONCE': True, "
+                                       "'COMBINE_COLUMNS': 8}, {'MERGE_HEAD_AT_ONCE': False, 'COMBINE_COLUMNS': 8})")
     assert differ == 0 and changed == 0 and gap == 0, (differ, changed, gap)
 
 
