@@ -129,8 +129,7 @@ def _triggers(height: int, what: str) -> bool:
     `EARLY_TRIGGER_ROWS`: the attention split follows it; a taller tile runs more rows)."""
     from dfvg.gpu import decode_attention
 
-    bound = decode_attention.EARLY_TRIGGER_ROWS if what.startswith("qkv") else decode_attention.GEMV_TRIGGER_ROWS
-    return decode_attention.EARLY_TRIGGER and (bound is None or height <= bound)
+    return decode_attention.triggers_early(height, gemv=not what.startswith("qkv"))
 
 
 def registers(cubin: bytes) -> int | None:

@@ -301,10 +301,9 @@ def test_early_triggers_follow_their_row_bound(monkeypatch):
     assert not decode_attention.early_trigger_on(device, 1)
 
 
-def test_attention_passes_the_split_and_merge_triggers_it_was_given(monkeypatch):
-    """`decode_attention.attention` hands its split launch `SPLIT_TRIGGER_SPLITS` and its merge the trigger where
-    launches of its rows trigger early (`early_trigger_on`), 0 and False where they do not: the launches are replaced
-    by recorders (no GPU), so this checks the arguments, not the kernels."""
+def recorded_triggers(monkeypatch, module, **kernels: str) -> dict:
+    """Replace `module`'s kernels (name: attribute) by recorders of the TRIGGER each launch is given, under PDL with
+    the early trigger on (no GPU: the arguments are checked, not the kernels); returns the name -> TRIGGER record."""
     from dfvg.gpu import decode_attention
 
     if not HAVE_TRITON:
@@ -318,10 +317,21 @@ def test_attention_passes_the_split_and_merge_triggers_it_was_given(monkeypatch)
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launched.__setitem__(self.name, kwargs["TRIGGER"])
 
-    monkeypatch.setattr(decode_attention, "_attention_split_kernel", Recorder("split"))
-    monkeypatch.setattr(decode_attention, "_attention_combine_kernel", Recorder("merge"))
+    for name, attribute in kernels.items():
+        monkeypatch.setattr(module, attribute, Recorder(name))
     monkeypatch.setattr(decode_attention, "pdl_on", lambda device: True)
     monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", True)
+    return launched
+
+
+def test_attention_passes_the_split_and_merge_triggers_it_was_given(monkeypatch):
+    """`decode_attention.attention` hands its split launch `SPLIT_TRIGGER_SPLITS` and its merge the trigger where
+    launches of its rows trigger early (`early_trigger_on`), 0 and False where they do not: the launches are replaced
+    by recorders (no GPU), so this checks the arguments, not the kernels."""
+    from dfvg.gpu import decode_attention
+
+    launched = recorded_triggers(monkeypatch, decode_attention, split="_attention_split_kernel",
+                                 merge="_attention_combine_kernel")
     monkeypatch.setattr(decode_attention, "SPLIT_TRIGGER_SPLITS", 128)
     monkeypatch.setattr(decode_attention, "EARLY_TRIGGER_ROWS", 16)
     dims = (4, 2, 32, 0, 1e-6)
@@ -341,21 +351,7 @@ def test_qkv_keeps_the_attentions_trigger_bound_and_the_other_gemvs_theirs(monke
     `GEMV_TRIGGER_ROWS`. The kernels are replaced by recorders (no GPU): this checks the arguments."""
     from dfvg.gpu import decode_attention, fused
 
-    if not HAVE_TRITON:
-        pytest.skip("Triton is not installed")
-    launched = {}
-
-    class Recorder:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launched.__setitem__(self.name, kwargs["TRIGGER"])
-
-    monkeypatch.setattr(fused, "_qkv_rope_kernel", Recorder("qkv"))
-    monkeypatch.setattr(fused, "_linear_kernel", Recorder("gemv"))
-    monkeypatch.setattr(decode_attention, "pdl_on", lambda device: True)
-    monkeypatch.setattr(decode_attention, "EARLY_TRIGGER", True)
+    launched = recorded_triggers(monkeypatch, fused, qkv="_qkv_rope_kernel", gemv="_linear_kernel")
     monkeypatch.setattr(decode_attention, "EARLY_TRIGGER_ROWS", 16)
     dims, bf16 = (4, 2, 32, 0, 1e-6), torch.bfloat16
     cache, table = torch.zeros(256, 2, 32, dtype=bf16), torch.zeros(256, 32)

@@ -75,10 +75,15 @@ def pdl_on(device: torch.device) -> bool:
 
 
 def early_trigger_on(device: torch.device, rows: int, gemv: bool = False) -> bool:
-    """Whether launches of `rows` rows on `device` let the next one start early (`EARLY_TRIGGER` up to
-    `EARLY_TRIGGER_ROWS`, a GEMV's up to `GEMV_TRIGGER_ROWS`, under PDL)."""
+    """Whether launches of `rows` rows on `device` let the next one start early: `triggers_early`, under PDL."""
+    return pdl_on(device) and triggers_early(rows, gemv)
+
+
+def triggers_early(rows: int, gemv: bool = False) -> bool:
+    """The rule without the device (gpu/compile_sm90.py compiles by it): `EARLY_TRIGGER` up to `EARLY_TRIGGER_ROWS`
+    rows, a GEMV that a GEMV follows (`gemv`) up to `GEMV_TRIGGER_ROWS`."""
     bound = GEMV_TRIGGER_ROWS if gemv else EARLY_TRIGGER_ROWS
-    return EARLY_TRIGGER and pdl_on(device) and (bound is None or rows <= bound)
+    return EARLY_TRIGGER and (bound is None or rows <= bound)
 
 
 if HAVE_TRITON:
@@ -247,8 +252,13 @@ if HAVE_TRITON:
         for piece in tl.static_range(HD // BD):
             _, l_run, acc = _merge_step(-float("inf"), 0.0, tl.zeros((BD,), tl.float32), m, l_part, parts[piece],
                                         live)
-            out = acc / tl.where(l_run == 0, 1.0, l_run)
-            tl.store(out_ptr + t * (HEADS * HD) + head * HD + piece * BD + tl.arange(0, BD), out.to(tl.bfloat16))
+            _store_merged(out_ptr, t, head, piece * BD + tl.arange(0, BD), l_run, acc, HEADS, HD)
+
+    @triton.jit
+    def _store_merged(out_ptr, t, head, d, l_run, acc, HEADS: tl.constexpr, HD: tl.constexpr):
+        """A merged row's columns d of one head: acc / l (0 where no slot was live), bf16, into out [rows, HEADS*HD]."""
+        out = acc / tl.where(l_run == 0, 1.0, l_run)
+        tl.store(out_ptr + t * (HEADS * HD) + head * HD + d, out.to(tl.bfloat16))
 
     @triton.jit(do_not_specialize=["rows"])
     def _attention_combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, rows, HEADS: tl.constexpr,
@@ -281,8 +291,7 @@ if HAVE_TRITON:
             else:
                 l_run, acc = _merge_splits(m_ptr, l_ptr, acc_ptr, rows, t, kv, row_in_tile, own_splits, d, KV_HEADS,
                                            HD, BM, NS, BD)
-            out = acc / tl.where(l_run == 0, 1.0, l_run)
-            tl.store(out_ptr + t * (HEADS * HD) + head * HD + d, out.to(tl.bfloat16))
+            _store_merged(out_ptr, t, head, d, l_run, acc, HEADS, HD)
 
 
 # Cache slots a split. Compiled for sm_90 (`gpu/compile_sm90.py --attention`): 48 KiB of shared memory and 128

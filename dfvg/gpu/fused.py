@@ -229,11 +229,13 @@ def _tile_rows(rows: int, cfg: dict, normalizes: bool) -> int:
     return max(TILE_ROWS, min(MAX_ROWS, 1 << (rows - 1).bit_length()))
 
 
-def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows: int, groups: int = 1) -> dict:
+def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows: int, groups: int = 1,
+                    attention_next: bool = False) -> dict:
     """Keyword arguments of a fused GEMV launch: its block sizes, programmatic dependent launch where the GPU has it,
     and with it the weight prefetch and early trigger where switched on. A prefetch asks for whole 16-byte units of
     aligned rows (`aligned_rows`), a piece per thread, so not for more rows per program (two blocks of BN with `pair`)
-    than it has threads. `_weight_tiles`: the TMA descriptor (`groups` of blocks: QKV's heads), the steps ahead."""
+    than it has threads. `_weight_tiles`: the TMA descriptor (`groups` of blocks: QKV's heads), the steps ahead.
+    attention_next (QKV): the trigger takes the attention's row bound, not a GEMV's (`triggers_early`)."""
     pdl = pdl_on(x.device)
     threads = 32 * cfg["num_warps"]
     can_prefetch = pdl and aligned_rows(weight) and (2 if pair else 1) * cfg["BN"] <= threads
@@ -241,7 +243,7 @@ def _launch_options(x: Tensor, weight: Tensor, cfg: dict, pair: bool, tile_rows:
             "SWAP_AB": bool(cfg.get("SWAP_AB", 0)), "STACK": STACKED_PAIR, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "PDL": pdl, "launch_pdl": pdl, "THREADS": threads,
             "PREFETCH": PREFETCH_COLUMNS // 8 * 8 if can_prefetch else 0, "EARLY": EPILOGUE_FIRST,
-            "TRIGGER": early_trigger_on(x.device, len(x), gemv=True), "LOADS_FIRST": RMS_LOADS_FIRST,
+            "TRIGGER": early_trigger_on(x.device, len(x), gemv=not attention_next), "LOADS_FIRST": RMS_LOADS_FIRST,
             **_weight_tiles(weight, cfg, pair, groups)}
 
 
@@ -332,13 +334,11 @@ def qkv_rope(x: Tensor, norm: Tensor, weight: Tensor, bias: Tensor | None, pos: 
     blocks = (heads + 2 * kv_heads) * (hd // 2 // cfg["BN"])
     k_len, parts, counters = split_buffers(cfg, blocks, rows, k, x.device, counters, TILE_ROWS)
     q = torch.empty(rows, heads * hd, dtype=x.dtype, device=x.device)
-    options = _launch_options(x, weight, cfg, True, TILE_ROWS, heads + 2 * kv_heads)  # the trigger: the attention's
-    options["TRIGGER"] = early_trigger_on(x.device, rows)  # bound (`EARLY_TRIGGER_ROWS`), its split launch is next
     _qkv_rope_kernel[(blocks * cfg["SPLIT_K"] * triton.cdiv(rows, TILE_ROWS),)](
         x, norm, weight, bias if bias is not None else weight, pos, pos if slots is None else slots, cos, sin, q,
-        kc, vc, parts, counters, rows, k, k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd,
-        HAS_BIAS=bias is not None, F32=INTERPRETED, **options, sq_ptr=q if row_sums is None else row_sums,
-        ROW_SCALE=0 if row_sums is None else row_sums.shape[1])
+        kc, vc, parts, counters, rows, k, k_len, eps, HEADS=heads, KV_HEADS=kv_heads, HD=hd, HAS_BIAS=bias is not None,
+        F32=INTERPRETED, **_launch_options(x, weight, cfg, True, TILE_ROWS, heads + 2 * kv_heads, attention_next=True),
+        sq_ptr=q if row_sums is None else row_sums, ROW_SCALE=0 if row_sums is None else row_sums.shape[1])
     return q
 
 
